@@ -1,0 +1,142 @@
+//! Validated identifiers: lock names and owners.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Longest lock name accepted, in bytes. Keeps store keys and messages small.
+pub const MAX_NAME_LEN: usize = 512;
+/// Longest owner id accepted, in bytes.
+pub const MAX_OWNER_LEN: usize = 256;
+
+/// The name of a lock: 1 to [`MAX_NAME_LEN`] bytes of UTF-8, any characters but NUL.
+///
+/// Names are compared byte for byte; backends must keep distinct names apart (a Redis backend
+/// may not let `a` and `a}` share keys, for example).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockName(Arc<str>);
+
+impl LockName {
+    /// Checks `name` and wraps it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the name is empty, longer than [`MAX_NAME_LEN`] bytes or
+    /// contains a NUL byte.
+    pub fn new(name: impl AsRef<str>) -> Result<Self> {
+        let name = name.as_ref();
+        if name.is_empty() {
+            return Err(Error::invalid("lock name", "must not be empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(Error::invalid(
+                "lock name",
+                format!("is {} bytes, the limit is {MAX_NAME_LEN}", name.len()),
+            ));
+        }
+        if name.contains('\0') {
+            return Err(Error::invalid("lock name", "must not contain NUL"));
+        }
+        Ok(LockName(name.into()))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who holds or waits for a lock. Acquisitions by the same owner are **reentrant**.
+///
+/// An owner is explicit: [`Owner::unique`] makes a fresh random one (what
+/// [`LockClient::fair_lock`](crate::LockClient::fair_lock) gives every handle), and
+/// [`Owner::new`] takes an id you choose, such as a job id, so that ownership can span
+/// processes on purpose. Two tasks that share an owner are *one* owner: both may be inside the
+/// critical section at once. Give each task its own handle unless that is what you want.
+///
+/// An owner id is 1 to [`MAX_OWNER_LEN`] bytes of printable UTF-8 (no control characters).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    /// An owner id chosen by the caller.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `id` is empty, too long or contains control characters.
+    pub fn new(id: impl AsRef<str>) -> Result<Self> {
+        let id = id.as_ref();
+        if id.is_empty() {
+            return Err(Error::invalid("owner", "must not be empty"));
+        }
+        if id.len() > MAX_OWNER_LEN {
+            return Err(Error::invalid(
+                "owner",
+                format!("is {} bytes, the limit is {MAX_OWNER_LEN}", id.len()),
+            ));
+        }
+        if id.chars().any(char::is_control) {
+            return Err(Error::invalid("owner", "must not contain control characters"));
+        }
+        Ok(Owner(id.into()))
+    }
+
+    /// A fresh owner, unique with overwhelming probability (122 random bits).
+    pub fn unique() -> Self {
+        Owner(uuid::Uuid::new_v4().simple().to_string().into())
+    }
+
+    /// The owner id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(matches!(LockName::new(""), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            LockName::new("x".repeat(MAX_NAME_LEN + 1)),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(LockName::new("a\0b"), Err(Error::InvalidArgument { .. })));
+        for ok in ["a", "{a}", "a:b c", "line\nbreak", "größe", &"x".repeat(MAX_NAME_LEN)] {
+            assert_eq!(LockName::new(ok).unwrap().as_str(), ok);
+        }
+    }
+
+    #[test]
+    fn owners_are_checked() {
+        assert!(matches!(Owner::new(""), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(Owner::new("a\nb"), Err(Error::InvalidArgument { .. })));
+        assert!(Owner::new("job 42").is_ok());
+        assert_ne!(Owner::unique(), Owner::unique());
+    }
+}

@@ -1,0 +1,133 @@
+//! Lock settings, with serde support for configuration files.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Longest lease, wait or TTL accepted: 365 days. Longer is almost surely a unit mistake,
+/// and keeps millisecond arithmetic far from overflow in every store.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Shortest waiter liveness TTL: heartbeats go out every third of it.
+pub const MIN_WAITER_TTL: Duration = Duration::from_millis(30);
+
+/// How locks behave. Durations deserialize from human-readable strings (`"30s"`, `"500ms"`).
+///
+/// ```
+/// # use fairlock::LockOptions;
+/// let options: LockOptions = serde_json::from_str(r#"{ "lease": "10s", "waiter_ttl": "3s" }"#)?;
+/// assert_eq!(options.lease, Some(std::time::Duration::from_secs(10)));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockOptions {
+    /// A fixed lease: the lock expires this long after it is acquired unless extended with
+    /// [`LockGuard::extend`](crate::LockGuard::extend). `None` (the default): a watchdog
+    /// renews [`watchdog_lease`](Self::watchdog_lease) for as long as the guard lives.
+    #[serde(with = "humantime_serde")]
+    pub lease: Option<Duration>,
+    /// The lease the watchdog keeps renewing, every third of it. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub watchdog_lease: Duration,
+    /// How long a waiter keeps its place in the queue without a heartbeat; waiters heartbeat
+    /// every third of it, so a crashed waiter blocks nobody for longer. Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub waiter_ttl: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            lease: None,
+            watchdog_lease: Duration::from_secs(30),
+            waiter_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+impl LockOptions {
+    /// Checks every duration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(lease) = self.lease {
+            check_lease("lease", lease)?;
+        }
+        check_lease("watchdog_lease", self.watchdog_lease)?;
+        if self.watchdog_lease < Duration::from_millis(30) {
+            return Err(Error::invalid("watchdog_lease", "must be at least 30ms"));
+        }
+        check_lease("waiter_ttl", self.waiter_ttl)?;
+        if self.waiter_ttl < MIN_WAITER_TTL {
+            return Err(Error::invalid(
+                "waiter_ttl",
+                format!("must be at least {MIN_WAITER_TTL:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The lease each acquisition asks for.
+    pub(crate) fn effective_lease(&self) -> Duration {
+        self.lease.unwrap_or(self.watchdog_lease)
+    }
+}
+
+/// A lease or TTL: at least 1 ms, at most [`MAX_DURATION`].
+pub(crate) fn check_lease(what: &'static str, value: Duration) -> Result<()> {
+    if value < Duration::from_millis(1) {
+        return Err(Error::invalid(what, format!("{value:?} is below 1ms")));
+    }
+    check_max(what, value)
+}
+
+/// A wait: zero is allowed (try once), at most [`MAX_DURATION`].
+pub(crate) fn check_max(what: &'static str, value: Duration) -> Result<()> {
+    if value > MAX_DURATION {
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} is above the limit of 365 days"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        LockOptions::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_durations_are_rejected() {
+        let cases = [
+            LockOptions { lease: Some(Duration::ZERO), ..Default::default() },
+            LockOptions { lease: Some(Duration::from_micros(999)), ..Default::default() },
+            LockOptions { lease: Some(Duration::MAX), ..Default::default() },
+            LockOptions { watchdog_lease: Duration::ZERO, ..Default::default() },
+            LockOptions { waiter_ttl: Duration::from_millis(1), ..Default::default() },
+            LockOptions { waiter_ttl: MAX_DURATION + Duration::from_secs(1), ..Default::default() },
+        ];
+        for options in cases {
+            let err = options.validate().unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{options:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn deserializes_human_durations() {
+        let o: LockOptions =
+            serde_json::from_str(r#"{"lease":"1m 30s","watchdog_lease":"10s","waiter_ttl":"500ms"}"#)
+                .unwrap();
+        assert_eq!(o.lease, Some(Duration::from_secs(90)));
+        assert_eq!(o.watchdog_lease, Duration::from_secs(10));
+        assert_eq!(o.waiter_ttl, Duration::from_millis(500));
+        assert!(serde_json::from_str::<LockOptions>(r#"{"leese":"1s"}"#).is_err());
+    }
+}
