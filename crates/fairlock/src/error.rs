@@ -63,6 +63,11 @@ pub enum Error {
         name: String,
     },
 
+    /// fairlock was called outside a Tokio runtime. Its waiting, renewal and background release
+    /// run on Tokio (timers and spawned tasks), so calls must be made from inside one.
+    #[error("fairlock needs a Tokio runtime (with timers enabled); none is current")]
+    NoRuntime,
+
     /// The store could not be reached. `endpoint` names what was tried.
     #[error("{backend} backend cannot reach {endpoint}: {source}")]
     Unavailable {

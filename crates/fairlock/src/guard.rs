@@ -1,0 +1,214 @@
+//! [`LockGuard`]: proof of holding a lock, released on drop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::backend::{Grant, ReleaseOutcome};
+use crate::error::{Error, Result};
+use crate::lease::{self, LeaseState};
+use crate::lock::LockShared;
+use crate::name::{LockName, Owner};
+use crate::options::check_lease;
+
+/// One level of a held lock. Dropping it releases that level.
+///
+/// The guard owns everything it needs (`Send + 'static`), so it can move into spawned tasks.
+/// While it lives, its keeper task renews the lease (watchdog mode) or watches the fixed
+/// lease, and raises [`lease_lost`](Self::lease_lost) if the lease ends before the guard does.
+///
+/// **Dropping** the guard releases the lock in the background: the release is spawned on the
+/// Tokio runtime the lock was acquired on, so `drop` never blocks and never panics, even on a
+/// thread with no runtime. If that runtime has already shut down, no release can run; the
+/// renewal stopped with it, so the store frees the lock when its lease ends (at most one
+/// lease, 30 s by default). Prefer [`unlock`](Self::unlock) to learn whether the release
+/// succeeded.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct LockGuard {
+    shared: Arc<LockShared>,
+    grant: Grant,
+    lease: Arc<LeaseState>,
+    keeper: AbortHandle,
+    runtime: Handle,
+    released: bool,
+}
+
+impl LockGuard {
+    /// A guard for `grant`, whose lease surely lasts until `deadline` (local clock).
+    /// `confirm`: the grant is a hand-over the store has not seen confirmed yet.
+    pub(crate) fn new(
+        shared: Arc<LockShared>,
+        grant: Grant,
+        deadline: Instant,
+        confirm: bool,
+        runtime: Handle,
+    ) -> Self {
+        let lease = LeaseState::new(deadline);
+        let keeper = runtime
+            .spawn(lease::keep(shared.clone(), grant.token, lease.clone(), confirm))
+            .abort_handle();
+        LockGuard {
+            shared,
+            grant,
+            lease,
+            keeper,
+            runtime,
+            released: false,
+        }
+    }
+
+    /// The fencing token of this hold: strictly greater than that of every earlier holder of
+    /// this lock. Pass it to the resource you protect and let it reject smaller tokens, so a
+    /// holder that lost its lease (paused, partitioned) cannot do harm.
+    pub fn fencing_token(&self) -> u64 {
+        self.grant.token
+    }
+
+    /// The hold count this acquisition produced: 1 for the first, 2 for a reentrant one, ...
+    pub fn hold_count(&self) -> u32 {
+        self.grant.hold_count
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.shared.name
+    }
+
+    /// The owner holding the lock.
+    pub fn owner(&self) -> &Owner {
+        &self.shared.owner
+    }
+
+    /// Whether the lease is known to be lost. See [`lease_lost`](Self::lease_lost).
+    pub fn is_lease_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// A future that completes when the lease is lost: renewal failed until the lease ran out,
+    /// the store no longer lists this owner as holder (expired, force-released), or a fixed
+    /// lease ended without [`extend`](Self::extend). It also completes once the guard is gone.
+    /// Race your critical section against it to stop in time:
+    ///
+    /// ```
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// # let client = LockClient::new(MemoryBackend::new());
+    /// let guard = client.fair_lock("payments")?.lock().await?;
+    /// tokio::select! {
+    ///     _ = guard.lease_lost() => eprintln!("lease lost, stopping"),
+    ///     _ = async { /* the critical section */ } => {}
+    /// }
+    /// guard.unlock().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// The signal is computed without the client's clock reaching the store: the local
+    /// deadline is the moment the last successful grant or renewal was *sent* plus its lease,
+    /// which ends no later than the store's lease if both clocks run at the same rate.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; it only observes.
+    pub fn lease_lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut lost = self.lease.lost_receiver();
+        async move {
+            // An error means the guard is gone, which also ends the lease.
+            let _ = lost.wait_for(|lost| *lost).await;
+        }
+    }
+
+    /// Sets the lease to `lease` from now, by the store's clock. With a watchdog, its next
+    /// renewal sets it back to the watchdog lease.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a lease below 1 ms or above
+    /// [`MAX_DURATION`](crate::MAX_DURATION); [`Error::LeaseLost`] if the store no longer
+    /// lists this hold (the lost-lease signal fires too); backend errors.
+    ///
+    /// # Cancel safety
+    /// If cancelled, the extension may or may not have been applied; the guard stays valid.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        check_lease("lease", lease)?;
+        let sent = Instant::now();
+        let shared = &self.shared;
+        let extended = shared
+            .backend
+            .extend(&shared.name, &shared.owner, self.grant.token, lease)
+            .await?;
+        if extended {
+            self.lease.extended(sent, lease);
+            Ok(())
+        } else {
+            self.lease.mark_lost(shared, "extend found another holder");
+            Err(Error::LeaseLost {
+                name: shared.name.to_string(),
+            })
+        }
+    }
+
+    /// Releases this level of the lock and reports how it went.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lock was no longer held under this guard's token (it
+    /// expired or was force-released: another owner may have held it meanwhile); backend
+    /// errors, in which case the store frees the lock when its lease ends.
+    ///
+    /// # Cancel safety
+    /// The release runs in its own task: dropping this future does not stop it.
+    pub async fn unlock(mut self) -> Result<()> {
+        let release = self.start_release();
+        match release.await {
+            Ok(result) => result,
+            Err(join) => Err(Error::Backend {
+                backend: "fairlock",
+                source: Box::new(join),
+            }),
+        }
+    }
+
+    fn start_release(&mut self) -> tokio::task::JoinHandle<Result<()>> {
+        self.released = true;
+        self.keeper.abort();
+        let shared = self.shared.clone();
+        let token = self.grant.token;
+        let span = info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
+        self.runtime.spawn(
+            async move {
+                let outcome = shared.backend.release(&shared.name, &shared.owner, token).await;
+                match outcome {
+                    Ok(ReleaseOutcome::Released { remaining }) => {
+                        debug!(remaining, "released");
+                        Ok(())
+                    }
+                    Ok(ReleaseOutcome::NotHeld) => {
+                        debug!("release found the lease already lost");
+                        Err(Error::LeaseLost {
+                            name: shared.name.to_string(),
+                        })
+                    }
+                    Err(err) => {
+                        warn!(error = %err, "release failed; the lock ends with its lease");
+                        Err(err)
+                    }
+                }
+            }
+            .instrument(span),
+        )
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            // The outcome is only traced: a failed release ends with the lease.
+            drop(self.start_release());
+        }
+    }
+}

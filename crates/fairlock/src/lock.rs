@@ -1,0 +1,268 @@
+//! The user API: [`LockClient`] (a backend plus defaults) and [`FairLock`] (one owner's handle
+//! on one lock).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{LockBackend, LockState, LockSummary};
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::name::{LockName, Owner};
+use crate::options::{check_max, LockOptions};
+use crate::waiting::{self, Wait};
+
+/// Entry point: a backend and the default [`LockOptions`] for the locks made from it.
+///
+/// Cheap to clone (it holds an `Arc`). Every call needs a Tokio runtime.
+///
+/// ```
+/// use fairlock::{LockClient, MemoryBackend};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fairlock::Result<()> {
+/// let client = LockClient::new(MemoryBackend::new());
+/// let lock = client.fair_lock("nightly-report")?;
+/// let guard = lock.lock().await?;
+/// println!("holding with fencing token {}", guard.fencing_token());
+/// guard.unlock().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    backend: Arc<dyn LockBackend>,
+    options: LockOptions,
+}
+
+impl LockClient {
+    /// A client over `backend` with default options.
+    pub fn new(backend: impl LockBackend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A client over a shared backend (chosen at run time, for example).
+    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
+        LockClient {
+            backend,
+            options: LockOptions::default(),
+        }
+    }
+
+    /// Sets the default options of locks made from now on.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if an option is out of range.
+    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
+        options.validate()?;
+        self.options = options;
+        Ok(self)
+    }
+
+    /// The default options.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// A handle on lock `name` with a fresh, unique [`Owner`]: acquisitions through this handle
+    /// are reentrant with each other and exclusive with every other handle.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
+    pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
+        self.fair_lock_as(name, Owner::unique())
+    }
+
+    /// A handle on lock `name` acting as `owner`. Every handle with the same owner (in any
+    /// process) is the same holder: their acquisitions are reentrant with each other.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
+    pub fn fair_lock_as(&self, name: &str, owner: Owner) -> Result<FairLock> {
+        Ok(FairLock {
+            shared: Arc::new(LockShared {
+                backend: self.backend.clone(),
+                name: LockName::new(name)?,
+                owner,
+                options: self.options.clone(),
+            }),
+        })
+    }
+
+    /// Frees lock `name` whoever holds it (an operator's tool); the head waiter gets it next.
+    /// Returns whether it was held.
+    ///
+    /// # Cancel safety
+    /// The store applies it atomically; if cancelled, it may or may not have been applied.
+    pub async fn force_unlock(&self, name: &str) -> Result<bool> {
+        self.backend.force_release(&LockName::new(name)?).await
+    }
+
+    /// A snapshot of lock `name`: holder, hold count, lease left, fencing token and waiters.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; it only reads.
+    pub async fn state(&self, name: &str) -> Result<LockState> {
+        self.backend.inspect(&LockName::new(name)?).await
+    }
+
+    /// Locks whose names start with `prefix` that are held or waited for.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; it only reads.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+        self.backend.list(prefix).await
+    }
+}
+
+/// What a handle and its guards share.
+#[derive(Debug)]
+pub(crate) struct LockShared {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) name: LockName,
+    pub(crate) owner: Owner,
+    pub(crate) options: LockOptions,
+}
+
+/// One owner's handle on one fair lock.
+///
+/// **Guarantees.** Mutual exclusion between owners; owners are granted the lock in the order
+/// they started waiting (FIFO), and nobody barges past the queue, not even `try_lock`. The
+/// same owner acquiring again while it holds the lock re-enters it at once (each guard
+/// releases one level). Every hold carries a fencing token greater than all earlier holds'.
+/// Holds end with their lease: by default a watchdog renews a 30 s lease for as long as the
+/// guard lives, so a crashed process blocks others for at most 30 s.
+///
+/// The handle is one owner: calls through it from different tasks at once are reentrant with
+/// each other, so give each task its own handle ([`LockClient::fair_lock`]) unless you mean to
+/// share the critical section. It is deliberately not `Clone`.
+#[derive(Debug)]
+pub struct FairLock {
+    shared: Arc<LockShared>,
+}
+
+impl FairLock {
+    /// Replaces this handle's options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if an option is out of range.
+    pub fn with_options(self, options: LockOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(FairLock {
+            shared: Arc::new(LockShared {
+                backend: self.shared.backend.clone(),
+                name: self.shared.name.clone(),
+                owner: self.shared.owner.clone(),
+                options,
+            }),
+        })
+    }
+
+    /// Uses a fixed `lease` instead of the watchdog: the lock expires `lease` after each
+    /// acquisition unless extended with [`LockGuard::extend`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease below 1 ms or
+    /// above [`MAX_DURATION`](crate::MAX_DURATION).
+    pub fn with_lease(self, lease: Duration) -> Result<Self> {
+        let mut options = self.shared.options.clone();
+        options.lease = Some(lease);
+        self.with_options(options)
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.shared.name
+    }
+
+    /// The owner this handle acquires as.
+    pub fn owner(&self) -> &Owner {
+        &self.shared.owner
+    }
+
+    /// This handle's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.shared.options
+    }
+
+    /// Waits for the lock, in FIFO order, for as long as it takes.
+    ///
+    /// While waiting, the handle heartbeats every `waiter_ttl / 3` to keep its place; if the
+    /// process dies, the place is dropped after `waiter_ttl`. A wake-up that is lost is made up
+    /// for by the next heartbeat.
+    ///
+    /// # Errors
+    /// Backend errors (the caller then has left the queue).
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point leaves nothing behind: the caller leaves the queue, and
+    /// a grant that arrives after the drop is given back, in a background task. Like
+    /// `tokio::sync::Mutex::lock`, cancelling loses the caller's place in the queue.
+    ///
+    /// # Examples
+    /// ```
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let lock = client.fair_lock("jobs")?;
+    /// let outer = lock.lock().await?;
+    /// let inner = lock.lock().await?; // same owner: re-entered at once
+    /// assert_eq!(inner.hold_count(), 2);
+    /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+    /// inner.unlock().await?;
+    /// outer.unlock().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lock(&self) -> Result<LockGuard> {
+        waiting::acquire(&self.shared, Wait::Forever).await
+    }
+
+    /// Acquires the lock only if that needs no waiting: it is free and nobody is queued, or
+    /// this owner already holds it. Never joins the queue.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`](crate::Error::WouldBlock) if another owner holds it or anyone
+    /// waits for it; backend errors.
+    ///
+    /// # Cancel safety
+    /// If dropped while the request is in flight, a grant that arrives is given back.
+    pub async fn try_lock(&self) -> Result<LockGuard> {
+        waiting::acquire(&self.shared, Wait::No).await
+    }
+
+    /// Waits at most `wait` for the lock, in FIFO order, then gives up and leaves the queue
+    /// (without delaying the waiters behind). A zero `wait` is [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `wait` is above
+    /// [`MAX_DURATION`](crate::MAX_DURATION); backend errors.
+    ///
+    /// # Cancel safety
+    /// As for [`lock`](Self::lock).
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<LockGuard> {
+        check_max("wait", wait)?;
+        waiting::acquire(&self.shared, Wait::AtMost(wait)).await
+    }
+
+    /// Frees this lock whoever holds it. See [`LockClient::force_unlock`].
+    ///
+    /// # Cancel safety
+    /// If cancelled, it may or may not have been applied.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.shared.backend.force_release(&self.shared.name).await
+    }
+
+    /// A snapshot of this lock. See [`LockClient::state`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe; it only reads.
+    pub async fn state(&self) -> Result<LockState> {
+        self.shared.backend.inspect(&self.shared.name).await
+    }
+}

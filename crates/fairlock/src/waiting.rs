@@ -1,0 +1,243 @@
+//! Waiting for a lock: the one acquire loop every backend shares, and what cancelling it undoes.
+//!
+//! The loop: register for wake-ups first (so no wake-up between the check and the
+//! registration is missed), then call `acquire` until granted. Between calls it waits for a
+//! wake-up, the backend's `retry_after` hint, or the heartbeat (`waiter_ttl / 3`), whichever
+//! comes first; each call refreshes the waiter's liveness deadline, so a lost wake-up costs at
+//! most one heartbeat.
+//!
+//! Cancellation: every `acquire` call runs in its own task, so it completes even if the
+//! caller's future is dropped halfway. [`Attempt`]'s `Drop` then undoes what the call did
+//! (releases a grant, leaves the queue, gives back a pending hand-over), in the background.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout_at, Instant};
+use tracing::{debug, info, info_span, Instrument};
+
+use crate::backend::{AcquireOutcome, AcquireRequest, Grant, Wake};
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::lock::LockShared;
+
+/// How long a caller is prepared to wait.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wait {
+    /// Try once; never queue.
+    No,
+    /// Wait as long as it takes.
+    Forever,
+    /// Wait at most this long.
+    AtMost(Duration),
+}
+
+/// A pending hand-over is trusted without a round trip only if this much of its guaranteed
+/// life is left; otherwise the waiter confirms it with `acquire` first. Covers clock-rate drift.
+const HANDOVER_MARGIN_DIVISOR: u32 = 10;
+
+pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<LockGuard> {
+    let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+    let span = info_span!("fairlock.acquire", lock = %shared.name, owner = %shared.owner);
+    let started = Instant::now();
+    let result = acquire_inner(shared, wait, runtime, started).instrument(span.clone()).await;
+    let _enter = span.enter();
+    match &result {
+        Ok(guard) => info!(
+            waited_us = started.elapsed().as_micros() as u64,
+            token = guard.fencing_token(),
+            hold_count = guard.hold_count(),
+            "acquired"
+        ),
+        Err(err) => debug!(waited_us = started.elapsed().as_micros() as u64, error = %err, "not acquired"),
+    }
+    result
+}
+
+async fn acquire_inner(
+    shared: &Arc<LockShared>,
+    wait: Wait,
+    runtime: Handle,
+    started: Instant,
+) -> Result<LockGuard> {
+    let lease = shared.options.effective_lease();
+    let mut attempt = Attempt::new(shared.clone(), runtime.clone());
+    let deadline = match wait {
+        Wait::No | Wait::AtMost(Duration::ZERO) => {
+            let sent = Instant::now();
+            return match attempt.call(false).await? {
+                AcquireOutcome::Granted(grant) => {
+                    attempt.finish();
+                    Ok(LockGuard::new(shared.clone(), grant, sent + lease, false, runtime))
+                }
+                AcquireOutcome::Queued { .. } | AcquireOutcome::Busy => Err(Error::WouldBlock {
+                    name: shared.name.to_string(),
+                }),
+            };
+        }
+        Wait::Forever => None,
+        Wait::AtMost(wait) => Some(started + wait),
+    };
+    let timed_out = |attempt: Attempt| async move {
+        // Leave the queue before reporting, so the caller sees a clean state.
+        if let Some(cleanup) = attempt.abandon() {
+            let _ = cleanup.await;
+        }
+        Err(Error::Timeout {
+            name: shared.name.to_string(),
+            waited: started.elapsed(),
+        })
+    };
+
+    let ttl = shared.options.waiter_ttl;
+    let heartbeat = ttl / 3;
+    let mut watch = shared.backend.watch(&shared.name, &shared.owner).await?;
+    let mut watch_open = true;
+    loop {
+        let sent = Instant::now();
+        let outcome = match deadline {
+            None => attempt.call(true).await?,
+            Some(deadline) => match timeout_at(deadline, attempt.call(true)).await {
+                Ok(outcome) => outcome?,
+                Err(_elapsed) => return timed_out(attempt).await,
+            },
+        };
+        let retry_after = match outcome {
+            AcquireOutcome::Granted(grant) => {
+                attempt.finish();
+                return Ok(LockGuard::new(shared.clone(), grant, sent + lease, false, runtime));
+            }
+            AcquireOutcome::Queued { retry_after } => retry_after,
+            AcquireOutcome::Busy => None,
+        };
+        let mut next_check = sent + heartbeat;
+        if let Some(retry_after) = retry_after {
+            next_check = next_check.min(Instant::now() + retry_after);
+        }
+        // Our place is kept by the store until at least `sent + ttl`, and a hand-over made to
+        // us lasts `ttl` from when it was made, which is later still.
+        let handover_safe_until = sent + ttl - ttl / HANDOVER_MARGIN_DIVISOR;
+        loop {
+            tokio::select! {
+                biased;
+                wake = watch.recv(), if watch_open => match wake {
+                    Some(Wake::Granted(grant)) => {
+                        if Instant::now() < handover_safe_until {
+                            attempt.finish();
+                            return Ok(LockGuard::new(
+                                shared.clone(),
+                                grant,
+                                handover_safe_until,
+                                true,
+                                runtime,
+                            ));
+                        }
+                        // Too old to trust without asking: `acquire` confirms it if still ours.
+                        break;
+                    }
+                    Some(Wake::Recheck) => break,
+                    None => watch_open = false,
+                },
+                _ = sleep_until(next_check) => break,
+                _ = sleep_until(deadline.unwrap_or(next_check)), if deadline.is_some() => {
+                    return timed_out(attempt).await;
+                }
+            }
+        }
+    }
+}
+
+/// One caller's acquisition in progress, and what must be undone if it is abandoned.
+struct Attempt {
+    shared: Arc<LockShared>,
+    runtime: Handle,
+    /// The `acquire` call running in its own task, if one is in flight.
+    in_flight: Option<JoinHandle<Result<AcquireOutcome>>>,
+    /// We asked to queue, so we may be in the queue or hold a pending hand-over.
+    queued: bool,
+    finished: bool,
+}
+
+impl Attempt {
+    fn new(shared: Arc<LockShared>, runtime: Handle) -> Self {
+        Attempt {
+            shared,
+            runtime,
+            in_flight: None,
+            queued: false,
+            finished: false,
+        }
+    }
+
+    /// One `acquire` call. If this future is dropped, the call still completes and
+    /// [`Attempt::abandon`] undoes it.
+    async fn call(&mut self, queue: bool) -> Result<AcquireOutcome> {
+        let shared = self.shared.clone();
+        let request = AcquireRequest {
+            name: shared.name.clone(),
+            owner: shared.owner.clone(),
+            lease: shared.options.effective_lease(),
+            waiter_ttl: shared.options.waiter_ttl,
+            queue,
+        };
+        self.queued |= queue;
+        let call = self
+            .in_flight
+            .insert(self.runtime.spawn(async move { shared.backend.acquire(&request).await }));
+        let joined = call.await;
+        self.in_flight = None;
+        joined.map_err(|join| Error::Backend {
+            backend: "fairlock",
+            source: Box::new(join),
+        })?
+    }
+
+    /// We hold the lock now: nothing to undo.
+    fn finish(mut self) {
+        self.finished = true;
+    }
+
+    /// Undoes whatever this attempt left in the store, in a background task.
+    fn abandon(mut self) -> Option<JoinHandle<()>> {
+        self.start_cleanup()
+    }
+
+    fn start_cleanup(&mut self) -> Option<JoinHandle<()>> {
+        if self.finished {
+            return None;
+        }
+        self.finished = true;
+        let in_flight = self.in_flight.take();
+        if in_flight.is_none() && !self.queued {
+            return None;
+        }
+        let shared = self.shared.clone();
+        let queued = self.queued;
+        let span = info_span!("fairlock.abandon", lock = %shared.name, owner = %shared.owner);
+        Some(self.runtime.spawn(
+            async move {
+                if let Some(call) = in_flight {
+                    if let Ok(Ok(AcquireOutcome::Granted(Grant { token, .. }))) = call.await {
+                        debug!(token, "giving back a grant that arrived after its caller left");
+                        let _ = shared.backend.release(&shared.name, &shared.owner, token).await;
+                    }
+                }
+                if queued {
+                    // Also gives back a hand-over made to us that we never took.
+                    if let Err(err) = shared.backend.leave_queue(&shared.name, &shared.owner).await {
+                        debug!(error = %err, "leaving the queue failed; our place ends with its TTL");
+                    }
+                }
+            }
+            .instrument(span),
+        ))
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        drop(self.start_cleanup());
+    }
+}
