@@ -16,7 +16,7 @@ use crate::name::{LockName, Owner};
 /// The core ([`LockClient`](crate::LockClient) and friends) does all waiting, heart-beating,
 /// lease renewal and cancellation on top of these few operations, once, for every backend.
 /// A backend only has to make each operation atomic and keep the contract below. Run
-/// [`conformance::run_all`](crate::conformance::run_all) (feature `conformance`) to check it.
+/// `conformance::run_all` (feature `conformance`) to check it.
 ///
 /// Implementations are used as `Arc<dyn LockBackend>`, so the trait is object safe.
 ///

@@ -1,4 +1,34 @@
-#![doc = include_str!("../../../README.md")]
+//! Fair (FIFO), reentrant, leased locks with fencing tokens, over a pluggable store.
+//!
+//! - [`LockClient`] holds a backend and default [`LockOptions`]; [`LockClient::fair_lock`]
+//!   gives a [`FairLock`] handle for one lock name and one [`Owner`].
+//! - [`FairLock::lock`] waits its FIFO turn, [`FairLock::try_lock`] never waits and never
+//!   barges past waiters, [`FairLock::try_lock_for`] waits at most a given time.
+//! - A [`LockGuard`] carries the hold's fencing token, renews the lease (watchdog) or watches a
+//!   fixed one, signals [`LockGuard::lease_lost`], and releases one level when dropped.
+//! - [`LockBackend`] is the contract a store keeps; [`MemoryBackend`] keeps it in process, the
+//!   `fairlock-redis` crate on Redis, and the `conformance` suite (feature `conformance`)
+//!   checks any implementation.
+//!
+//! Everything runs on Tokio: calls must be made inside a Tokio runtime with timers enabled.
+//!
+//! ```
+//! use fairlock::{LockClient, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> fairlock::Result<()> {
+//! let client = LockClient::new(MemoryBackend::new());
+//! let lock = client.fair_lock("nightly-report")?;
+//! let guard = lock.lock().await?;
+//! let again = lock.lock().await?; // the same owner re-enters
+//! assert_eq!(again.hold_count(), 2);
+//! drop(again);
+//! guard.unlock().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! See `docs/design.md` in the repository for the state machine and the reasons behind it.
 
 pub mod backend;
 #[cfg(feature = "conformance")]

@@ -1,0 +1,9 @@
+# Convenience recipes; each calls the same scripts the README documents, so `just` is optional.
+
+# The main job: fair locking on the embedded in-memory backend.
+quickstart:
+    cargo run --example quickstart
+
+# Install what is missing, then run every check and test of the workspace.
+test:
+    ./scripts/test.sh
