@@ -61,6 +61,8 @@ use crate::name::{LockName, Owner};
 ///   send [`Wake::Granted`] to that waiter's [`Watch`], or
 /// - leave it free and send [`Wake::Recheck`] to the head waiter's `Watch`.
 ///
+/// [`AcquireOutcome::Queued`] MUST report the highest token issued for the lock so far, so
+/// the waiter can tell a fresh hand-over from one that was revoked before it looked.
 /// A pending grant MUST expire `waiter_ttl` after it was made unless the waiter confirms it
 /// first, so a dead waiter never holds the lock longer than its liveness TTL. The waiter
 /// confirms it by `acquire` (which then returns [`AcquireOutcome::Granted`] with hold count 1
@@ -158,6 +160,10 @@ pub enum AcquireOutcome {
         /// When it is worth checking again (e.g. the holder's remaining lease, given to the
         /// head waiter). `None`: wait for a wake-up or the next heartbeat.
         retry_after: Option<Duration>,
+        /// The highest fencing token issued for this lock so far (0 if none). A
+        /// [`Wake::Granted`] whose token is not above it was made before this call and is
+        /// stale (that hand-over has since expired or been revoked), so the core ignores it.
+        last_token: u64,
     },
     /// The lock is held by someone else or has waiters, and the request did not queue.
     Busy,

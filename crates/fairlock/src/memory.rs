@@ -229,7 +229,10 @@ impl Store {
             }
             _ => None,
         };
-        AcquireOutcome::Queued { retry_after }
+        AcquireOutcome::Queued {
+            retry_after,
+            last_token: self.last_token,
+        }
     }
 
     fn release(&mut self, name: &LockName, owner: &Owner, token: u64, now: Instant) -> ReleaseOutcome {

@@ -104,13 +104,16 @@ async fn acquire_inner(
                 Err(_elapsed) => return timed_out(attempt).await,
             },
         };
-        let retry_after = match outcome {
+        let (retry_after, last_token) = match outcome {
             AcquireOutcome::Granted(grant) => {
                 attempt.finish();
                 return Ok(LockGuard::new(shared.clone(), grant, sent + lease, false, runtime));
             }
-            AcquireOutcome::Queued { retry_after } => retry_after,
-            AcquireOutcome::Busy => None,
+            AcquireOutcome::Queued {
+                retry_after,
+                last_token,
+            } => (retry_after, last_token),
+            AcquireOutcome::Busy => (None, u64::MAX),
         };
         let mut next_check = sent + heartbeat;
         if let Some(retry_after) = retry_after {
@@ -123,6 +126,9 @@ async fn acquire_inner(
             tokio::select! {
                 biased;
                 wake = watch.recv(), if watch_open => match wake {
+                    // A token not above `last_token` is from a hand-over made before our
+                    // last call, which would have been granted then: it was revoked since.
+                    Some(Wake::Granted(grant)) if grant.token <= last_token => {}
                     Some(Wake::Granted(grant)) => {
                         if Instant::now() < handover_safe_until {
                             attempt.finish();
