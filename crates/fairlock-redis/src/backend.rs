@@ -1,0 +1,355 @@
+//! [`LockBackend`] for [`RedisBackend`]: each method runs one script and reads its reply.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fairlock::backend::{
+    AcquireOutcome, AcquireRequest, Grant, HolderState, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, WaiterState, Watch,
+};
+use fairlock::{Error, LockName, Owner, Result};
+use fred::interfaces::ClientLike;
+use fred::types::Value;
+use futures::TryStreamExt;
+
+use crate::error::{self, Context, BACKEND};
+use crate::keys::{LockKeys, DEADLINES_SUFFIX, HOLDER_SUFFIX};
+use crate::scripts::Script;
+use crate::RedisBackend;
+
+/// A fresh id for one mutating call, so a re-sent script is recognised (see `prelude.lua`).
+fn request_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn millis(duration: Duration) -> String {
+    duration
+        .as_millis()
+        .clamp(1, u128::from(u64::MAX))
+        .to_string()
+}
+
+fn bad_reply(script: &str, reply: impl std::fmt::Debug) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        source: format!("unexpected reply from the {script} script: {reply:?}").into(),
+    }
+}
+
+impl RedisBackend {
+    fn keys(&self, name: &str) -> LockKeys {
+        LockKeys::new(&self.inner.prefix, name)
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        keys: &LockKeys,
+        lock: &str,
+        args: Vec<String>,
+    ) -> Result<Value> {
+        let client = self.inner.pool.next();
+        script.run(client, keys.as_vec(), args).await.map_err(|e| {
+            error::map(
+                e,
+                Context {
+                    endpoint: &self.inner.endpoint,
+                    lock: Some(lock),
+                },
+            )
+        })
+    }
+
+    async fn run_for_text(&self, script: &Script, name: &str, args: Vec<String>) -> Result<String> {
+        let reply = self.run(script, &self.keys(name), name, args).await?;
+        match reply.as_string() {
+            Some(text) => Ok(text),
+            None => Err(bad_reply(script.name, reply)),
+        }
+    }
+
+    /// Runs `inspect` on the lock with these keys: (stored name, state).
+    async fn snapshot(&self, keys: &LockKeys, lock: &str) -> Result<(String, LockState)> {
+        let script = &self.inner.scripts.inspect;
+        let reply = self.run(script, keys, lock, Vec::new()).await?;
+        let Value::Array(items) = &reply else {
+            return Err(bad_reply(script.name, reply));
+        };
+        let fields: Option<Vec<String>> = items.iter().map(Value::as_string).collect();
+        let fields = fields.ok_or_else(|| bad_reply(script.name, &reply))?;
+        if fields.len() < 6 || (fields.len() - 6) % 2 != 0 {
+            return Err(bad_reply(script.name, &reply));
+        }
+        let number = |text: &str| -> Result<u64> {
+            text.parse().map_err(|_| bad_reply(script.name, &reply))
+        };
+        let holder = if fields[1].is_empty() {
+            None
+        } else {
+            Some(HolderState {
+                owner: fields[1].clone(),
+                hold_count: u32::try_from(number(&fields[2])?)
+                    .map_err(|_| bad_reply(script.name, &reply))?,
+                token: number(&fields[3])?,
+                lease_remaining: Duration::from_millis(number(&fields[4])?),
+                confirmed: fields[5] == "1",
+            })
+        };
+        let waiters = fields[6..]
+            .chunks(2)
+            .map(|pair| {
+                Ok(WaiterState {
+                    owner: pair[0].clone(),
+                    deadline_in: Duration::from_millis(number(&pair[1])?),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let state = LockState {
+            name: fields[0].clone(),
+            holder,
+            waiters,
+        };
+        Ok((fields[0].clone(), state))
+    }
+
+    /// Every tag with a holder hash or a waiter set under this prefix, by `SCAN`.
+    async fn scan_tags(&self) -> Result<BTreeSet<String>> {
+        let prefix = &self.inner.prefix;
+        let client = self.inner.pool.next();
+        let clustered = client.is_clustered();
+        let context = Context {
+            endpoint: &self.inner.endpoint,
+            lock: None,
+        };
+        let mut tags = BTreeSet::new();
+        for suffix in [HOLDER_SUFFIX, DEADLINES_SUFFIX] {
+            let pattern = format!("{}{{*}}{suffix}", glob_escape(prefix));
+            let keys: Vec<fred::types::Key> = if clustered {
+                client
+                    .scan_cluster_buffered(pattern, Some(200), None)
+                    .try_collect()
+                    .await
+            } else {
+                client
+                    .scan_buffered(pattern, Some(200), None)
+                    .try_collect()
+                    .await
+            }
+            .map_err(|e| error::map(e, context))?;
+            for key in keys {
+                let Some(key) = key.as_str() else { continue };
+                if let Some(tag) = LockKeys::tag_of_key(prefix, key) {
+                    tags.insert(tag.to_owned());
+                }
+            }
+        }
+        Ok(tags)
+    }
+}
+
+/// `text` as a literal in a Redis glob pattern.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+fn parse_acquire(reply: &str) -> Option<AcquireOutcome> {
+    let mut parts = reply.split(' ');
+    let outcome = match parts.next()? {
+        "G" => AcquireOutcome::Granted(Grant {
+            token: parts.next()?.parse().ok()?,
+            hold_count: parts.next()?.parse().ok()?,
+        }),
+        "Q" => {
+            let ms: i64 = parts.next()?.parse().ok()?;
+            AcquireOutcome::Queued {
+                retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
+                last_token: parts.next()?.parse().ok()?,
+            }
+        }
+        "B" => AcquireOutcome::Busy,
+        _ => return None,
+    };
+    parts.next().is_none().then_some(outcome)
+}
+
+fn parse_release(reply: &str) -> Option<ReleaseOutcome> {
+    match reply.split_once(' ') {
+        Some(("R", remaining)) => Some(ReleaseOutcome::Released {
+            remaining: remaining.parse().ok()?,
+        }),
+        None if reply == "N" => Some(ReleaseOutcome::NotHeld),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        let script = &self.inner.scripts.acquire;
+        let name = request.name.as_str();
+        let args = vec![
+            request.owner.as_str().to_owned(),
+            millis(request.lease),
+            millis(request.waiter_ttl),
+            if request.queue { "1" } else { "0" }.to_owned(),
+            request_id(),
+            name.to_owned(),
+        ];
+        let reply = self.run_for_text(script, name, args).await?;
+        parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))
+    }
+
+    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
+        let script = &self.inner.scripts.release;
+        let args = vec![owner.as_str().to_owned(), token.to_string(), request_id()];
+        let reply = self.run_for_text(script, name.as_str(), args).await?;
+        parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))
+    }
+
+    async fn extend(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        lease: Duration,
+    ) -> Result<bool> {
+        let script = &self.inner.scripts.extend;
+        let args = vec![
+            owner.as_str().to_owned(),
+            token.to_string(),
+            millis(lease),
+            request_id(),
+        ];
+        match self
+            .run_for_text(script, name.as_str(), args)
+            .await?
+            .as_str()
+        {
+            "1" => Ok(true),
+            "0" => Ok(false),
+            other => Err(bad_reply(script.name, other)),
+        }
+    }
+
+    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+        let script = &self.inner.scripts.leave_queue;
+        let args = vec![owner.as_str().to_owned(), request_id()];
+        match self
+            .run_for_text(script, name.as_str(), args)
+            .await?
+            .as_str()
+        {
+            "OK" => Ok(()),
+            other => Err(bad_reply(script.name, other)),
+        }
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let script = &self.inner.scripts.force_release;
+        match self
+            .run_for_text(script, name.as_str(), vec![request_id()])
+            .await?
+            .as_str()
+        {
+            "1" => Ok(true),
+            "0" => Ok(false),
+            other => Err(bad_reply(script.name, other)),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let (_, mut state) = self
+            .snapshot(&self.keys(name.as_str()), name.as_str())
+            .await?;
+        state.name = name.as_str().to_owned();
+        Ok(state)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+        let mut summaries = Vec::new();
+        for tag in self.scan_tags().await? {
+            let keys = LockKeys::from_tag(&self.inner.prefix, &tag);
+            let (name, state) = self.snapshot(&keys, &tag).await?;
+            if name.is_empty() || !name.starts_with(prefix) {
+                continue;
+            }
+            if state.holder.is_none() && state.waiters.is_empty() {
+                continue;
+            }
+            summaries.push(LockSummary {
+                name,
+                holder: state.holder.map(|holder| holder.owner),
+                waiters: state.waiters.len(),
+            });
+        }
+        Ok(summaries)
+    }
+
+    async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
+        let keys = self.keys(name.as_str());
+        self.inner
+            .dispatcher
+            .watch(&keys.channel, owner.as_str())
+            .await
+            .map_err(|e| {
+                error::map(
+                    e,
+                    Context {
+                        endpoint: &self.inner.endpoint,
+                        lock: Some(name.as_str()),
+                    },
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_parse() {
+        assert_eq!(
+            parse_acquire("G 12 3"),
+            Some(AcquireOutcome::Granted(Grant {
+                token: 12,
+                hold_count: 3
+            }))
+        );
+        assert_eq!(
+            parse_acquire("Q 250 7"),
+            Some(AcquireOutcome::Queued {
+                retry_after: Some(Duration::from_millis(250)),
+                last_token: 7,
+            })
+        );
+        assert_eq!(
+            parse_acquire("Q -1 0"),
+            Some(AcquireOutcome::Queued {
+                retry_after: None,
+                last_token: 0
+            })
+        );
+        assert_eq!(parse_acquire("B"), Some(AcquireOutcome::Busy));
+        assert_eq!(parse_acquire("G 1"), None);
+        assert_eq!(
+            parse_release("R 0"),
+            Some(ReleaseOutcome::Released { remaining: 0 })
+        );
+        assert_eq!(parse_release("N"), Some(ReleaseOutcome::NotHeld));
+        assert_eq!(parse_release("X"), None);
+    }
+
+    #[test]
+    fn prefixes_are_escaped_for_scan() {
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+}

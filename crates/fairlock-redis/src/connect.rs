@@ -1,0 +1,233 @@
+//! Building a [`RedisBackend`]: from a URL with [`RedisBackendBuilder`], or from clients.
+
+use std::fmt;
+use std::time::Duration;
+
+use fairlock::{Error, Result};
+use fred::clients::{Pool, SubscriberClient};
+use fred::interfaces::ClientLike;
+use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
+use fred::types::Builder;
+
+use crate::error::{unavailable, BACKEND};
+use crate::RedisBackend;
+
+/// The key prefix used unless [`RedisBackendBuilder::prefix`] sets another.
+pub const DEFAULT_PREFIX: &str = "fairlock:";
+
+/// Settings for [`RedisBackend`], made by [`RedisBackend::builder`].
+///
+/// ```no_run
+/// # async fn example() -> fairlock::Result<()> {
+/// use std::time::Duration;
+/// use fairlock_redis::RedisBackend;
+///
+/// let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+///     .prefix("billing:locks:")
+///     .pool_size(8)
+///     .connect_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackendBuilder {
+    url: String,
+    prefix: String,
+    pool_size: usize,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("url", &redact(&self.url))
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+impl RedisBackendBuilder {
+    pub(crate) fn new(url: impl Into<String>) -> Self {
+        RedisBackendBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            pool_size: 4,
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The prefix of every key and channel (default [`DEFAULT_PREFIX`]). It must not
+    /// contain `{` or `}`: the lock's hash tag follows it.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many connections run scripts (default 4, at least 1). A connection runs one
+    /// command at a time, so this bounds how many lock operations are in flight at once.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long to wait for a connection before giving up with
+    /// [`Error::Unavailable`] (default 5 s); also bounds each reconnection attempt.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one operation may wait for its reply, reconnections included, before it
+    /// fails with [`Error::Unavailable`] (default 10 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Connects the pool and the subscriber connection.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a malformed URL or prefix; [`Error::Unavailable`]
+    /// (naming the servers, never the password) if no connection is made within the
+    /// connect timeout.
+    pub async fn connect(self) -> Result<RedisBackend> {
+        check_prefix(&self.prefix)?;
+        let config = Config::from_url(&self.url).map_err(|error| Error::InvalidArgument {
+            what: "redis url",
+            reason: format!("{}: {}", redact(&self.url), error.details()),
+        })?;
+        let endpoint = endpoint_of(&config);
+        let mut builder = Builder::from_config(config);
+        builder
+            .with_connection_config(|connection| {
+                connection.connection_timeout = self.connect_timeout;
+                connection.internal_command_timeout = self.connect_timeout;
+            })
+            .with_performance_config(|performance| {
+                performance.default_command_timeout = self.command_timeout;
+            })
+            // Keep reconnecting (no attempt limit), backing off from 50 ms to 2 s.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
+        let build_error = |error: fred::error::Error| Error::Backend {
+            backend: BACKEND,
+            source: Box::new(error),
+        };
+        let pool = builder.build_pool(self.pool_size).map_err(build_error)?;
+        let subscriber = builder.build_subscriber_client().map_err(build_error)?;
+
+        let limit = self.connect_timeout + Duration::from_millis(500);
+        let connected = async {
+            pool.init().await?;
+            subscriber.init().await?;
+            Ok::<_, fred::error::Error>(())
+        };
+        let outcome = match tokio::time::timeout(limit, connected).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(unavailable(&endpoint, error)),
+            Err(_) => Err(unavailable(
+                &endpoint,
+                format!("no connection within {limit:?}"),
+            )),
+        };
+        if let Err(error) = outcome {
+            let _ = pool.quit().await;
+            let _ = subscriber.quit().await;
+            return Err(error);
+        }
+        Ok(RedisBackend::assemble(
+            pool,
+            subscriber,
+            self.prefix,
+            endpoint,
+            true,
+        ))
+    }
+}
+
+pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
+    if prefix.contains(['{', '}']) {
+        return Err(Error::InvalidArgument {
+            what: "key prefix",
+            reason: format!("{prefix:?} contains a brace; the lock's hash tag must be the first"),
+        });
+    }
+    Ok(())
+}
+
+/// The servers a config points at, as `host:port[,host:port...]` (no credentials).
+pub(crate) fn endpoint_of(config: &Config) -> String {
+    match &config.server {
+        ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
+        ServerConfig::Clustered { hosts, .. } => hosts
+            .iter()
+            .map(|server| format!("{}:{}", server.host, server.port))
+            .collect::<Vec<_>>()
+            .join(","),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `url` with any `user:password@` removed.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+/// Connects clients made elsewhere; see [`RedisBackend::from_clients`].
+pub(crate) fn from_clients(
+    pool: Pool,
+    subscriber: SubscriberClient,
+    prefix: String,
+) -> Result<RedisBackend> {
+    check_prefix(&prefix)?;
+    let endpoint = endpoint_of(&pool.client_config());
+    Ok(RedisBackend::assemble(
+        pool, subscriber, prefix, endpoint, false,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_show() {
+        assert_eq!(
+            redact("redis://user:secret@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        let builder = RedisBackendBuilder::new("rediss://:hunter2@example:6380");
+        assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn prefixes_with_braces_are_rejected() {
+        assert!(check_prefix("fairlock:").is_ok());
+        assert!(matches!(
+            check_prefix("a{b}:"),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn endpoints_list_every_seed_node() {
+        let config =
+            Config::from_url("redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001").unwrap();
+        let endpoint = endpoint_of(&config);
+        assert!(endpoint.contains("127.0.0.1:7000") && endpoint.contains("127.0.0.1:7001"));
+    }
+}

@@ -1,0 +1,105 @@
+//! Mapping fred's errors onto fairlock's one error type.
+
+use fairlock::Error;
+use fred::error::{Error as RedisError, ErrorKind};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// What a failed call was about, to name it in the error.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Context<'a> {
+    /// The servers, without credentials.
+    pub(crate) endpoint: &'a str,
+    /// The lock, if the call was about one.
+    pub(crate) lock: Option<&'a str>,
+}
+
+pub(crate) fn map(error: RedisError, context: Context<'_>) -> Error {
+    if error.details().contains("WRONGTYPE") {
+        return Error::Conflict {
+            backend: BACKEND,
+            name: context.lock.unwrap_or_default().to_owned(),
+            detail: format!(
+                "a key of this lock holds a value of another type than fairlock writes ({})",
+                first_line(error.details())
+            ),
+        };
+    }
+    if is_unreachable(&error) {
+        return unavailable(context.endpoint, error);
+    }
+    Error::Backend {
+        backend: BACKEND,
+        source: Box::new(error),
+    }
+}
+
+pub(crate) fn unavailable(endpoint: &str, source: impl Into<fairlock::BoxError>) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        endpoint: endpoint.to_owned(),
+        source: source.into(),
+    }
+}
+
+fn is_unreachable(error: &RedisError) -> bool {
+    match error.kind() {
+        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled => true,
+        ErrorKind::Cluster | ErrorKind::Routing => true,
+        _ => {
+            let details = error.details();
+            details.starts_with("CLUSTERDOWN")
+                || details.starts_with("LOADING")
+                || details.starts_with("MASTERDOWN")
+                || details.starts_with("TRYAGAIN")
+        }
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTEXT: Context<'static> = Context {
+        endpoint: "127.0.0.1:1",
+        lock: Some("jobs"),
+    };
+
+    #[test]
+    fn wrongtype_is_a_conflict() {
+        let error = RedisError::new(
+            ErrorKind::InvalidArgument,
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: x",
+        );
+        let mapped = map(error, CONTEXT);
+        assert!(
+            matches!(&mapped, Error::Conflict { name, .. } if name == "jobs"),
+            "{mapped}"
+        );
+    }
+
+    #[test]
+    fn io_errors_are_unavailable_and_name_the_endpoint() {
+        let mapped = map(
+            RedisError::new(ErrorKind::IO, "connection refused"),
+            CONTEXT,
+        );
+        assert!(
+            matches!(&mapped, Error::Unavailable { endpoint, .. } if endpoint == "127.0.0.1:1"),
+            "{mapped}"
+        );
+    }
+
+    #[test]
+    fn other_errors_are_backend_errors() {
+        let mapped = map(
+            RedisError::new(ErrorKind::Unknown, "ERR something"),
+            CONTEXT,
+        );
+        assert!(matches!(mapped, Error::Backend { .. }), "{mapped}");
+    }
+}

@@ -1,0 +1,157 @@
+//! The Redis backend of [fairlock](fairlock): fair (FIFO), reentrant, leased locks whose
+//! state machine runs as Lua scripts inside Redis, standalone or Cluster.
+//!
+//! [`RedisBackend`] implements [`fairlock::LockBackend`]; hand it to
+//! [`fairlock::LockClient::new`]. Each operation is one script (see `lua/` in the
+//! repository), run by SHA, with every deadline taken from the server's clock. Waiters are
+//! woken through one sharded pub/sub connection per backend. Redis 7.0 or later is needed
+//! (`SPUBLISH`/`SSUBSCRIBE`).
+//!
+//! ```no_run
+//! use fairlock::LockClient;
+//! use fairlock_redis::RedisBackend;
+//!
+//! # async fn example() -> fairlock::Result<()> {
+//! let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+//! let client = LockClient::new(backend);
+//! let guard = client.fair_lock("nightly-report")?.lock().await?;
+//! // ... only one holder at a time, in the order they asked ...
+//! guard.unlock().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS, with the `tls`
+//! feature), and `redis-cluster://host:port?node=host:port&node=...` for Cluster. See
+//! `docs/redis.md` in the repository for the key layout, the scripts' protocol and what a
+//! failover or a restart can lose.
+
+mod backend;
+mod connect;
+mod error;
+mod keys;
+mod scripts;
+mod wake;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use connect::{RedisBackendBuilder, DEFAULT_PREFIX};
+/// The Redis client this crate is built on, re-exported so versions always match.
+pub use fred;
+
+use fred::clients::{Pool, SubscriberClient};
+use fred::interfaces::ClientLike;
+
+use crate::scripts::Scripts;
+use crate::wake::Dispatcher;
+
+/// A [`fairlock::LockBackend`] on Redis (standalone or Cluster).
+///
+/// It holds a pool of connections that run the lock scripts and one subscriber connection
+/// for wake-ups, whatever the number of locks and waiters. Cloning gives another handle to
+/// the same connections. Its `Debug` output never shows credentials.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    dispatcher: Arc<Dispatcher>,
+    scripts: Scripts,
+    prefix: String,
+    endpoint: String,
+    /// Whether the connections were made here (and so are closed here).
+    owns_clients: bool,
+}
+
+impl RedisBackend {
+    /// Connects to `url` with the default settings (see [`RedisBackend::builder`]).
+    ///
+    /// # Errors
+    /// [`fairlock::Error::InvalidArgument`] for a malformed URL;
+    /// [`fairlock::Error::Unavailable`] if the server cannot be reached within 5 s.
+    pub async fn connect(url: &str) -> fairlock::Result<RedisBackend> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings for a backend connecting to `url`: key prefix, pool size, timeouts.
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(url)
+    }
+
+    /// A backend on clients you built and connected yourself (for your own TLS, credential
+    /// or reconnect settings): `pool` runs the scripts, `subscriber` receives wake-ups and
+    /// must be used for nothing else. Both must point at the same deployment. They are not
+    /// closed when the backend is dropped.
+    ///
+    /// Give the clients a [`ReconnectPolicy`](fred::types::config::ReconnectPolicy), or a
+    /// lost connection stays lost.
+    ///
+    /// # Errors
+    /// [`fairlock::Error::InvalidArgument`] if `prefix` contains `{` or `}`.
+    pub fn from_clients(
+        pool: Pool,
+        subscriber: SubscriberClient,
+        prefix: impl Into<String>,
+    ) -> fairlock::Result<RedisBackend> {
+        connect::from_clients(pool, subscriber, prefix.into())
+    }
+
+    fn assemble(
+        pool: Pool,
+        subscriber: SubscriberClient,
+        prefix: String,
+        endpoint: String,
+        owns_clients: bool,
+    ) -> RedisBackend {
+        RedisBackend {
+            inner: Arc::new(Inner {
+                pool,
+                dispatcher: Dispatcher::start(subscriber),
+                scripts: Scripts::new(),
+                prefix,
+                endpoint,
+                owns_clients,
+            }),
+        }
+    }
+
+    /// The prefix of every key and channel this backend uses.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The connection pool that runs the scripts.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.inner.endpoint)
+            .field("prefix", &self.inner.prefix)
+            .field("pool_size", &self.inner.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.owns_clients {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let subscriber = self.dispatcher.subscriber().clone();
+        runtime.spawn(async move {
+            let _ = subscriber.quit().await;
+            let _ = pool.quit().await;
+        });
+    }
+}

@@ -1,0 +1,264 @@
+//! Wake-ups: one subscriber connection per backend fans messages out to local waiters.
+//!
+//! Each lock has a shard channel. The scripts publish `G <token> <owner>` when they hand the
+//! lock to `owner`, and `R <owner>` when `owner` should look again. Locally, a channel maps
+//! to the waiters of this process, by owner; the channel is subscribed while it has at least
+//! one local waiter.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use fairlock::backend::{Grant, Wake, WakeSender, Watch};
+use fred::clients::SubscriberClient;
+use fred::interfaces::{EventInterface, PubsubInterface};
+use tokio::sync::broadcast::error::RecvError;
+
+/// Routes published wake-ups to the [`Watch`]es of this process.
+#[derive(Debug)]
+pub(crate) struct Dispatcher {
+    subscriber: SubscriberClient,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+#[derive(Debug, Default)]
+struct Channel {
+    /// Local watches on this channel; it is unsubscribed when this drops to 0.
+    watches: usize,
+    /// Whether the server has us subscribed. Its lock orders SSUBSCRIBE and SUNSUBSCRIBE of
+    /// this channel, so a late unsubscribe never undoes a newer subscribe.
+    subscribed: Arc<tokio::sync::Mutex<bool>>,
+    senders: HashMap<String, Vec<WakeSender>>,
+}
+
+/// Keeps a watch registered; dropping it unregisters.
+#[derive(Debug)]
+struct Registration {
+    dispatcher: Weak<Dispatcher>,
+    channel: String,
+}
+
+impl Dispatcher {
+    /// Starts dispatching the messages of `subscriber` (already connected).
+    pub(crate) fn start(subscriber: SubscriberClient) -> Arc<Self> {
+        let dispatcher = Arc::new(Dispatcher {
+            subscriber,
+            channels: Mutex::new(HashMap::new()),
+        });
+        let mut messages = dispatcher.subscriber.message_rx();
+        let weak = Arc::downgrade(&dispatcher);
+        tokio::spawn(async move {
+            loop {
+                let received = messages.recv().await;
+                let Some(dispatcher) = weak.upgrade() else {
+                    return;
+                };
+                match received {
+                    Ok(message) => {
+                        if let Some(payload) = message.value.as_str() {
+                            dispatcher.deliver(&message.channel, &payload);
+                        }
+                    }
+                    // Messages were dropped: whoever missed one must look for itself.
+                    Err(RecvError::Lagged(_)) => dispatcher.recheck_all(),
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+        let mut reconnects = dispatcher.subscriber.reconnect_rx();
+        let weak = Arc::downgrade(&dispatcher);
+        tokio::spawn(async move {
+            loop {
+                let received = reconnects.recv().await;
+                let Some(dispatcher) = weak.upgrade() else {
+                    return;
+                };
+                match received {
+                    Ok(_) | Err(RecvError::Lagged(_)) => {
+                        // Messages sent while we were away are lost: subscribe again, then
+                        // have every waiter look at its lock.
+                        if let Err(error) = dispatcher.subscriber.resubscribe_all().await {
+                            tracing::warn!(%error, "fairlock-redis: resubscribing after a reconnect failed");
+                        }
+                        dispatcher.recheck_all();
+                    }
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+        dispatcher
+    }
+
+    pub(crate) fn subscriber(&self) -> &SubscriberClient {
+        &self.subscriber
+    }
+
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        // The map stays consistent per operation even if a holder panicked.
+        self.channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers `owner` on `channel`, subscribing first if this is the channel's first
+    /// local watch. Returns once the server confirmed the subscription.
+    pub(crate) async fn watch(
+        self: &Arc<Self>,
+        channel: &str,
+        owner: &str,
+    ) -> Result<Watch, fred::error::Error> {
+        let (sender, watch) = Watch::channel();
+        let subscribed = {
+            let mut channels = self.channels();
+            let entry = channels.entry(channel.to_owned()).or_default();
+            entry.watches += 1;
+            entry
+                .senders
+                .entry(owner.to_owned())
+                .or_default()
+                .push(sender);
+            entry.subscribed.clone()
+        };
+        // Made before subscribing, so a failed subscribe unregisters on the way out.
+        let registration = Registration {
+            dispatcher: Arc::downgrade(self),
+            channel: channel.to_owned(),
+        };
+        let mut subscribed = subscribed.lock().await;
+        if !*subscribed {
+            self.subscriber.ssubscribe(channel).await?;
+            *subscribed = true;
+        }
+        drop(subscribed);
+        Ok(watch.with_registration(registration))
+    }
+
+    fn deliver(&self, channel: &str, payload: &str) {
+        let Some((owner, wake)) = parse(payload) else {
+            tracing::debug!(
+                channel,
+                payload,
+                "fairlock-redis: ignoring an unknown message"
+            );
+            return;
+        };
+        let mut channels = self.channels();
+        if let Some(senders) = channels
+            .get_mut(channel)
+            .and_then(|entry| entry.senders.get_mut(owner))
+        {
+            senders.retain(|sender| sender.send(wake));
+        }
+    }
+
+    fn recheck_all(&self) {
+        for entry in self.channels().values_mut() {
+            for senders in entry.senders.values_mut() {
+                senders.retain(|sender| sender.send(Wake::Recheck));
+            }
+        }
+    }
+
+    /// A watch on `channel` was dropped.
+    fn unregister(self: Arc<Self>, channel: String) {
+        let subscribed = {
+            let mut channels = self.channels();
+            let Some(entry) = channels.get_mut(&channel) else {
+                return;
+            };
+            entry.watches = entry.watches.saturating_sub(1);
+            for senders in entry.senders.values_mut() {
+                senders.retain(|sender| !sender.is_closed());
+            }
+            entry.senders.retain(|_, senders| !senders.is_empty());
+            if entry.watches > 0 {
+                return;
+            }
+            entry.subscribed.clone()
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime left to talk to the server: the subscription ends with the connection.
+            return;
+        };
+        runtime.spawn(async move {
+            let mut guard = subscribed.lock().await;
+            if !self.is_idle(&channel, &subscribed) {
+                return;
+            }
+            if *guard {
+                if let Err(error) = self.subscriber.sunsubscribe(channel.as_str()).await {
+                    tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
+                }
+                *guard = false;
+            }
+            let mut channels = self.channels();
+            if self.is_idle_in(&channels, &channel, &subscribed) {
+                channels.remove(&channel);
+            }
+        });
+    }
+
+    fn is_idle(&self, channel: &str, subscribed: &Arc<tokio::sync::Mutex<bool>>) -> bool {
+        self.is_idle_in(&self.channels(), channel, subscribed)
+    }
+
+    fn is_idle_in(
+        &self,
+        channels: &HashMap<String, Channel>,
+        channel: &str,
+        subscribed: &Arc<tokio::sync::Mutex<bool>>,
+    ) -> bool {
+        channels
+            .get(channel)
+            .is_some_and(|entry| entry.watches == 0 && Arc::ptr_eq(&entry.subscribed, subscribed))
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(dispatcher) = self.dispatcher.upgrade() {
+            dispatcher.unregister(std::mem::take(&mut self.channel));
+        }
+    }
+}
+
+/// `G <token> <owner>` or `R <owner>`; owners may contain spaces, so the owner is the rest.
+fn parse(payload: &str) -> Option<(&str, Wake)> {
+    let (kind, rest) = payload.split_once(' ')?;
+    match kind {
+        "G" => {
+            let (token, owner) = rest.split_once(' ')?;
+            let token = token.parse().ok()?;
+            Some((
+                owner,
+                Wake::Granted(Grant {
+                    token,
+                    hold_count: 1,
+                }),
+            ))
+        }
+        "R" => Some((rest, Wake::Recheck)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_messages() {
+        assert_eq!(
+            parse("G 17 job 42"),
+            Some((
+                "job 42",
+                Wake::Granted(Grant {
+                    token: 17,
+                    hold_count: 1
+                })
+            ))
+        );
+        assert_eq!(parse("R a b"), Some(("a b", Wake::Recheck)));
+        assert_eq!(parse("G x owner"), None);
+        assert_eq!(parse("hello"), None);
+    }
+}
