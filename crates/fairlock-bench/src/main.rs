@@ -1,0 +1,79 @@
+//! `fairlock-bench`: measures fairlock on Redis against the round trip it is built from, and
+//! hosts the lock benchmark protocol worker (`fairlock-bench worker ...`).
+
+mod bench;
+mod clock;
+mod connect;
+mod report;
+mod sections;
+mod server;
+mod stats;
+mod worker;
+
+use clap::{Parser, Subcommand};
+
+use crate::sections::SectionKey;
+
+/// Benchmarks fairlock's Redis backend on a private redis-server and reports each figure
+/// next to its target (markdown on stdout, JSON under `<target dir>/bench/`).
+#[derive(Debug, Parser)]
+#[command(version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// A short run: fewer samples, smaller queues, shorter durations.
+    #[arg(long)]
+    quick: bool,
+    /// Run only this section (repeatable); the round-trip limit is always measured.
+    #[arg(long, value_enum)]
+    only: Vec<SectionKey>,
+    /// Connections in each backend's command pool, and in the raw-fred pool compared with it.
+    #[arg(long, default_value_t = bench::DEFAULT_POOL_SIZE)]
+    pool_size: usize,
+    /// Where to write the JSON report (default: `<target dir>/bench`).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The lock benchmark protocol worker (see bench-protocol.md).
+    Worker(worker::WorkerArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("cannot start the Tokio runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Some(Command::Worker(args)) => runtime.block_on(worker::run(args)),
+        None => {
+            let config = bench::Config {
+                quick: cli.quick,
+                only: cli.only,
+                pool_size: cli.pool_size.max(1),
+                out: cli.out,
+            };
+            runtime
+                .block_on(bench::run(config))
+                .map_err(|err| err.to_string())
+        }
+    };
+    // Background tasks (lease keepers, releases) must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("fairlock-bench: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

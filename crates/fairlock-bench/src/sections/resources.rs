@@ -1,0 +1,243 @@
+//! Section 7, resources: 10,000 tasks waiting across 100 locks in one process. Counts the
+//! subscriber connections, the client's and Redis's memory per waiter and per held lock, and
+//! the keys left once everything is released.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use fairlock::{BoxError, LockClient, LockGuard};
+use fred::prelude::{ClientLike, MemoryInterface};
+use fred::types::{CustomCommand, Value};
+
+use crate::bench::Bench;
+use crate::report::{Figure, Section};
+
+const LOCKS: usize = 100;
+
+pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
+    let waiters = bench.scale(10_000, 1_000);
+    let names: Vec<String> = (0..LOCKS)
+        .map(|i| bench.lock_name(&format!("res-{i}")))
+        .collect();
+    let name_prefix = bench.lock_name("res-");
+
+    let keys_before = scan_keys(bench).await?;
+    let subscribers_before = subscriber_connections(bench).await?;
+    let used_before = used_memory(bench).await?;
+
+    let client = LockClient::from_arc(bench.backend().await?);
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(LOCKS);
+    for name in &names {
+        guards.push(client.fair_lock(name)?.lock().await?);
+    }
+    let used_held = used_memory(bench).await?;
+    let held_keys = new_keys(bench, &keys_before).await?;
+    let held_key_bytes = memory_usage(bench, &held_keys).await?;
+    let rss_held = rss_bytes()?;
+
+    let mut tasks = Vec::with_capacity(waiters);
+    for waiter in 0..waiters {
+        let lock = client.fair_lock(&names[waiter % LOCKS])?;
+        tasks.push(tokio::spawn(async move {
+            lock.lock().await?.unlock().await?;
+            Ok::<_, BoxError>(())
+        }));
+    }
+    let queued_since = Instant::now();
+    loop {
+        let queued: usize = client
+            .list(&name_prefix)
+            .await?
+            .iter()
+            .map(|lock| lock.waiters)
+            .sum();
+        if queued == waiters {
+            break;
+        }
+        if queued_since.elapsed() > Duration::from_secs(60) {
+            return Err(format!("only {queued} of {waiters} waiters queued after 60 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let queued_after = queued_since.elapsed();
+    let rss_waiting = rss_bytes()?;
+    let used_waiting = used_memory(bench).await?;
+    let waiting_keys = new_keys(bench, &keys_before).await?;
+    let waiting_key_bytes = memory_usage(bench, &waiting_keys).await?;
+    let subscribers = subscriber_connections(bench).await? - subscribers_before;
+    let connections = client_lines(bench).await?.len();
+
+    let drain_started = Instant::now();
+    for guard in guards {
+        guard.unlock().await?;
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let drained = drain_started.elapsed();
+    drop(client);
+    // Releases by dropped guards run in the background: give them a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = new_keys(bench, &keys_before).await?;
+
+    let mut section = Section::new("resources", "10,000 waiters across 100 locks");
+    section.push(
+        Figure::new(
+            "subscriber connections while waiting",
+            subscribers as f64,
+            "",
+        )
+        .target("1", subscribers == 1),
+    );
+    section.push(Figure::new(
+        "connections to Redis while waiting (all clients)",
+        connections as f64,
+        "",
+    ));
+    let per_waiter_client = (rss_waiting as f64 - rss_held as f64) / waiters as f64;
+    section.push(Figure::new(
+        "client memory per waiter (RSS delta)",
+        per_waiter_client,
+        "B",
+    ));
+    section.push(Figure::new(
+        "Redis memory per held lock (used_memory delta)",
+        (used_held as f64 - used_before as f64) / LOCKS as f64,
+        "B",
+    ));
+    section.push(Figure::new(
+        "Redis memory per held lock (MEMORY USAGE of its keys)",
+        held_key_bytes as f64 / LOCKS as f64,
+        "B",
+    ));
+    section.push(Figure::new(
+        "Redis memory per waiter (used_memory delta)",
+        (used_waiting as f64 - used_held as f64) / waiters as f64,
+        "B",
+    ));
+    section.push(Figure::new(
+        "Redis memory per waiter (MEMORY USAGE of the keys)",
+        (waiting_key_bytes as f64 - held_key_bytes as f64) / waiters as f64,
+        "B",
+    ));
+    section.push(
+        Figure::new(
+            "keys left after everything was released",
+            left.len() as f64,
+            "",
+        )
+        .target(
+            "0 (fence counters excepted)",
+            left.iter().all(|key| is_fence_key(key)),
+        ),
+    );
+    let shown: Vec<&str> = left.iter().take(4).map(String::as_str).collect();
+    section.note(format!(
+        "{waiters} tasks call `lock()` (default options) on {LOCKS} locks held by 100 guards of \
+         the same backend; all were queued {:.2} s after spawning; releasing the holders then let \
+         all {waiters} acquire and release in {:.2} s. Keys while held: {}, while waiting: {}; \
+         left: {} ({} fence counters), e.g. {shown:?}",
+        queued_after.as_secs_f64(),
+        drained.as_secs_f64(),
+        held_keys.len(),
+        waiting_keys.len(),
+        left.len(),
+        left.iter().filter(|key| is_fence_key(key)).count(),
+    ));
+    Ok(section)
+}
+
+/// Whether `key` is a lock's fence hash (`<prefix>{<name>}:f`: last token, last ticket),
+/// which outlives the lock by design so fencing tokens keep increasing.
+fn is_fence_key(key: &str) -> bool {
+    key.ends_with("}:f")
+}
+
+/// Every key in the database.
+async fn scan_keys(bench: &Bench) -> Result<BTreeSet<String>, BoxError> {
+    let mut keys = BTreeSet::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let page: Vec<Value> = bench
+            .admin
+            .custom(
+                CustomCommand::new_static("SCAN", None::<u16>, false),
+                vec![cursor.as_str(), "COUNT", "1000"],
+            )
+            .await?;
+        let [next, batch] = <[Value; 2]>::try_from(page).map_err(|_| "SCAN: unexpected reply")?;
+        let batch: Vec<String> = batch.convert()?;
+        keys.extend(batch);
+        cursor = next.convert()?;
+        if cursor == "0" {
+            return Ok(keys);
+        }
+    }
+}
+
+async fn new_keys(bench: &Bench, before: &BTreeSet<String>) -> Result<Vec<String>, BoxError> {
+    Ok(scan_keys(bench)
+        .await?
+        .difference(before)
+        .cloned()
+        .collect())
+}
+
+async fn memory_usage(bench: &Bench, keys: &[String]) -> Result<u64, BoxError> {
+    let mut total = 0;
+    for key in keys {
+        let bytes: Option<u64> = bench.admin.memory_usage(key.as_str(), Some(0)).await?;
+        total += bytes.unwrap_or(0);
+    }
+    Ok(total)
+}
+
+async fn used_memory(bench: &Bench) -> Result<u64, BoxError> {
+    Ok(bench.info_field("memory", "used_memory").await?.parse()?)
+}
+
+/// `CLIENT LIST`, one map of `field=value` per connection.
+async fn client_lines(bench: &Bench) -> Result<Vec<Vec<(String, String)>>, BoxError> {
+    let text: String = bench
+        .admin
+        .custom(
+            CustomCommand::new_static("CLIENT", None::<u16>, false),
+            vec!["LIST"],
+        )
+        .await?;
+    Ok(text
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                .filter_map(|field| field.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect())
+}
+
+/// Connections subscribed to anything (channels, patterns or shard channels).
+async fn subscriber_connections(bench: &Bench) -> Result<i64, BoxError> {
+    let count = client_lines(bench)
+        .await?
+        .iter()
+        .filter(|fields| {
+            fields.iter().any(|(k, v)| {
+                (matches!(k.as_str(), "sub" | "psub" | "ssub") && v != "0")
+                    || (k == "flags" && v.contains('P'))
+            })
+        })
+        .count();
+    Ok(count as i64)
+}
+
+/// This process's resident set size.
+fn rss_bytes() -> Result<u64, BoxError> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kb = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .ok_or("/proc/self/status has no VmRSS")?;
+    Ok(kb.parse::<u64>()? * 1024)
+}

@@ -1,0 +1,51 @@
+//! The benchmark itself runs end to end (`--quick`, one cheap section) and writes its report.
+
+use std::process::Command;
+
+#[test]
+fn quick_uncontended_section_reports_markdown_and_json() {
+    let out = std::env::temp_dir().join(format!(
+        "fairlock-bench-test-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let output = Command::new(env!("CARGO_BIN_EXE_fairlock-bench"))
+        .args([
+            "--quick",
+            "--only",
+            "uncontended",
+            "--pool-size",
+            "2",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {}\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("| figure | value | target | result |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("EVALSHA `return 1` round trip p50"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("`lock()` acquire p50"), "{stdout}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("latest.json")).unwrap()).unwrap();
+    assert_eq!(json["run"]["pool_size"], 2);
+    let keys: Vec<&str> = json["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|section| section["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["limit", "uncontended"]);
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -1,0 +1,253 @@
+//! The protocol worker, run as separate processes against a private redis-server, as the
+//! orchestrator would run it.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_fairlock-bench");
+
+/// A `redis-server` on a free loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn epoch_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn spawn_worker(server: &Server, args: &[String], env: &[(&str, &str)]) -> Child {
+    Command::new(WORKER)
+        .arg("worker")
+        .args(args)
+        .env("LOCKBENCH_REDIS_URL", server.url())
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the worker starts")
+}
+
+fn finish(child: Child) -> (String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(stderr).unwrap(),
+    );
+    assert!(
+        status.success(),
+        "worker exited with {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// `WORKER_ID t_req t_acq t_rel_start` lines, checked for form and order.
+fn holds(stdout: &str, id: u64) -> Vec<(u128, u128, u128)> {
+    stdout
+        .lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            assert_eq!(fields.len(), 4, "malformed line {line:?}");
+            assert_eq!(fields[0].parse::<u64>().unwrap(), id, "{line:?}");
+            let [t_req, t_acq, t_rel]: [u128; 3] = [1, 2, 3].map(|i| {
+                fields[i]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("not a number in {line:?}"))
+            });
+            assert!(
+                t_req <= t_acq && t_acq <= t_rel,
+                "times out of order in {line:?}"
+            );
+            (t_req, t_acq, t_rel)
+        })
+        .collect()
+}
+
+fn ready_lines(stderr: &str, id: u64) -> usize {
+    stderr
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            fields.len() == 3
+                && fields[0] == "READY"
+                && fields[1] == id.to_string()
+                && fields[2].parse::<i128>().is_ok()
+        })
+        .count()
+}
+
+#[test]
+fn two_workers_take_turns_on_one_lock() {
+    let server = Server::start();
+    let start = epoch_ns() + 1_500_000_000;
+    let args = |id: u64| -> Vec<String> {
+        [
+            "fairlock",
+            "shared-lock",
+            &id.to_string(),
+            "20",
+            "500",
+            &start.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let workers = [1u64, 2].map(|id| (id, spawn_worker(&server, &args(id), &[])));
+    let mut all = Vec::new();
+    for (id, child) in workers {
+        let (stdout, stderr) = finish(child);
+        assert_eq!(
+            ready_lines(&stderr, id),
+            1,
+            "one READY line from worker {id}:\n{stderr}"
+        );
+        assert!(!stderr.contains("FAIL"), "worker {id} failed:\n{stderr}");
+        let mine = holds(&stdout, id);
+        assert_eq!(mine.len(), 20, "worker {id} printed:\n{stdout}");
+        for &(t_req, t_acq, t_rel) in &mine {
+            assert!(t_req >= start, "worker {id} asked before START_NS");
+            assert!(
+                t_rel - t_acq >= 500_000,
+                "worker {id} held less than HOLD_US"
+            );
+        }
+        all.extend(mine.into_iter().map(|(_, t_acq, t_rel)| (t_acq, t_rel, id)));
+    }
+    all.sort();
+    for pair in all.windows(2) {
+        let ((_, previous_rel, previous), (next_acq, _, next)) = (pair[0], pair[1]);
+        assert!(
+            next_acq >= previous_rel,
+            "worker {next} acquired at {next_acq} before worker {previous} released at {previous_rel}"
+        );
+    }
+}
+
+#[test]
+fn a_wait_that_runs_out_is_reported_and_the_loop_goes_on() {
+    let server = Server::start();
+    let start = epoch_ns() + 1_000_000_000;
+    let holder_args: Vec<String> = [
+        "fairlock",
+        "busy-lock",
+        "7",
+        "1",
+        "800000",
+        &start.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    // Starts 100 ms after the holder, so it surely asks while the lock is held.
+    let late = (start + 100_000_000).to_string();
+    let waiter_args: Vec<String> = ["fairlock", "busy-lock", "8", "2", "0", &late]
+        .map(String::from)
+        .to_vec();
+    let holder = spawn_worker(&server, &holder_args, &[]);
+    let waiter = spawn_worker(&server, &waiter_args, &[("LOCKBENCH_WAIT_MS", "100")]);
+    let (holder_out, _) = finish(holder);
+    let (waiter_out, waiter_err) = finish(waiter);
+    assert_eq!(holds(&holder_out, 7).len(), 1);
+    assert!(
+        holds(&waiter_out, 8).is_empty(),
+        "the waiter acquired a held lock:\n{waiter_out}"
+    );
+    let fails: Vec<&str> = waiter_err
+        .lines()
+        .filter(|line| line.starts_with("FAIL "))
+        .collect();
+    assert_eq!(
+        fails.len(),
+        2,
+        "one FAIL per timed-out iteration:\n{waiter_err}"
+    );
+    for line in fails {
+        let fields: Vec<&str> = line.splitn(5, ' ').collect();
+        assert_eq!(fields.len(), 5, "{line:?}");
+        assert_eq!(fields[1], "8");
+        let (t_req, t_fail): (u128, u128) =
+            (fields[2].parse().unwrap(), fields[3].parse().unwrap());
+        assert!(
+            t_fail - t_req >= 100_000_000,
+            "gave up before LOCKBENCH_WAIT_MS: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn unbounded_runs_stop_at_the_deadline() {
+    let server = Server::start();
+    let start = epoch_ns() + 1_000_000_000;
+    let deadline = start + 200_000_000;
+    let args: Vec<String> = [
+        "fairlock",
+        "deadline-lock",
+        "3",
+        "0",
+        "1000",
+        &start.to_string(),
+        &deadline.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let (stdout, stderr) = finish(spawn_worker(&server, &args, &[]));
+    assert_eq!(ready_lines(&stderr, 3), 1, "{stderr}");
+    let lines = holds(&stdout, 3);
+    assert!(!lines.is_empty(), "no acquisition before the deadline");
+    assert!(
+        lines.iter().all(|&(t_req, _, _)| t_req < deadline),
+        "a request started after DEADLINE_NS"
+    );
+}
