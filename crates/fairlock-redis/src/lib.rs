@@ -1,4 +1,4 @@
-//! The Redis backend of [fairlock](fairlock): fair (FIFO), reentrant, leased locks whose
+//! The Redis backend of [fairlock]: fair (FIFO), reentrant, leased locks whose
 //! state machine runs as Lua scripts inside Redis, standalone or Cluster.
 //!
 //! [`RedisBackend`] implements [`fairlock::LockBackend`]; hand it to
