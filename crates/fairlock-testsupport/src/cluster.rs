@@ -1,0 +1,259 @@
+//! A Redis Cluster of masters only, each a [`RedisServer`].
+
+use std::io;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::resp::Reply;
+use crate::server::{run_cli, RedisServer};
+
+/// How long the cluster may take to agree on its slots after creation.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The number of hash slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
+
+/// A Redis Cluster of `masters` nodes without replicas, all on 127.0.0.1, every node
+/// stopped when dropped.
+///
+/// Nodes run with `--cluster-node-timeout 2000` and `--cluster-announce-ip 127.0.0.1`, their
+/// `nodes.conf` in their own directory; slots are split evenly in node order.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` nodes, joins them (`redis-cli --cluster create … --cluster-replicas 0`
+    /// for 3 or more; `CLUSTER ADDSLOTSRANGE` and `CLUSTER MEET` for 1 or 2, which
+    /// `redis-cli` refuses), and waits until every node reports `cluster_state:ok`, knows every
+    /// other node and sees all slots assigned.
+    ///
+    /// # Panics
+    ///
+    /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
+    pub fn start(masters: usize) -> io::Result<RedisCluster> {
+        Self::start_with(masters, &[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments for every node (e.g.
+    /// `&["--requirepass", "secret"]`).
+    ///
+    /// # Panics
+    ///
+    /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
+    pub fn start_with(masters: usize, args: &[&str]) -> io::Result<RedisCluster> {
+        if masters == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster needs at least one master",
+            ));
+        }
+        let extra: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let nodes = (0..masters)
+            .map(|_| RedisServer::start_inner(extra.clone(), true))
+            .collect::<io::Result<Vec<_>>>()?;
+        let cluster = RedisCluster { nodes };
+        if masters >= 3 {
+            cluster.create_with_cli()?;
+        } else {
+            cluster.create_by_hand()?;
+        }
+        cluster.wait_settled()?;
+        Ok(cluster)
+    }
+
+    fn create_with_cli(&self) -> io::Result<()> {
+        let mut command = Command::new("redis-cli");
+        if let Some(password) = self.nodes[0].password() {
+            command.args(["-a", password, "--no-auth-warning"]);
+        }
+        command.args(["--cluster", "create"]);
+        command.args(self.nodes.iter().map(|n| n.addr().to_string()));
+        let output = command
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "redis-cli --cluster create failed ({}):\n{}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+            )))
+        }
+    }
+
+    fn create_by_hand(&self) -> io::Result<()> {
+        let timeout = Duration::from_secs(5);
+        let count = self.nodes.len();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let first = (i * SLOTS / count).to_string();
+            let last = ((i + 1) * SLOTS / count - 1).to_string();
+            expect_ok(node.request(&["CLUSTER", "ADDSLOTSRANGE", &first, &last], timeout)?)?;
+            let epoch = (i + 1).to_string();
+            expect_ok(node.request(&["CLUSTER", "SET-CONFIG-EPOCH", &epoch], timeout)?)?;
+        }
+        for node in &self.nodes[1..] {
+            let port = node.port().to_string();
+            let reply = self.nodes[0].request(&["CLUSTER", "MEET", "127.0.0.1", &port], timeout)?;
+            expect_ok(reply)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every node is `ok`, knows all nodes (none in handshake) and sees all slots.
+    fn wait_settled(&self) -> io::Result<()> {
+        let started = Instant::now();
+        loop {
+            let mut unsettled = None;
+            for (i, node) in self.nodes.iter().enumerate() {
+                if let Err(reason) = self.node_settled(node) {
+                    unsettled = Some(format!("node {i} (port {}): {reason}", node.port()));
+                    break;
+                }
+            }
+            let Some(reason) = unsettled else {
+                return Ok(());
+            };
+            if started.elapsed() > SETTLE_TIMEOUT {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the cluster did not settle within {SETTLE_TIMEOUT:?}: {reason}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn node_settled(&self, node: &RedisServer) -> Result<(), String> {
+        let timeout = Duration::from_secs(2);
+        let info = node
+            .request(&["CLUSTER", "INFO"], timeout)
+            .and_then(Reply::into_text)
+            .map_err(|err| err.to_string())?;
+        for wanted in [
+            "cluster_state:ok".to_owned(),
+            format!("cluster_slots_assigned:{SLOTS}"),
+            format!("cluster_known_nodes:{}", self.nodes.len()),
+        ] {
+            if !info.lines().any(|line| line.trim() == wanted) {
+                return Err(format!("CLUSTER INFO lacks {wanted}"));
+            }
+        }
+        let nodes = node
+            .request(&["CLUSTER", "NODES"], timeout)
+            .and_then(Reply::into_text)
+            .map_err(|err| err.to_string())?;
+        for line in nodes.lines() {
+            let flags = line.split_whitespace().nth(2).unwrap_or("");
+            if ["handshake", "fail", "noaddr"]
+                .iter()
+                .any(|bad| flags.split(',').any(|flag| flag.starts_with(bad)))
+            {
+                return Err(format!("CLUSTER NODES has {line:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The client ports of the nodes, in node order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// The cluster URL in fred's format:
+    /// `redis-cluster://127.0.0.1:p1?node=127.0.0.1:p2&node=127.0.0.1:p3`.
+    pub fn url(&self) -> String {
+        let mut url = format!("redis-cluster://127.0.0.1:{}", self.nodes[0].port());
+        for (i, node) in self.nodes[1..].iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(&format!("node=127.0.0.1:{}", node.port()));
+        }
+        url
+    }
+
+    /// Runs `redis-cli` (without `-c`) against node `index`, stdout trimmed; see
+    /// [`RedisServer::cli`].
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not a node's index.
+    pub fn cli(&self, index: usize, args: &[&str]) -> io::Result<String> {
+        let node = &self.nodes[index];
+        run_cli(node.port(), node.password(), args)
+    }
+
+    /// Node `index`, e.g. to [`pause_process`](RedisServer::pause_process) it.
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not a node's index.
+    pub fn node(&self, index: usize) -> &RedisServer {
+        &self.nodes[index]
+    }
+
+    /// Node `index`, mutably, e.g. to [`stop`](RedisServer::stop) or
+    /// [`restart`](RedisServer::restart) it (it comes back with its slots, without data).
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not a node's index.
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// The index of the node that serves `key`'s hash slot, as node 0 sees the cluster.
+    pub fn node_for_key(&self, key: &str) -> io::Result<usize> {
+        let slot: u16 = self
+            .cli(0, &["CLUSTER", "KEYSLOT", key])?
+            .parse()
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
+        self.node_for_slot(slot)
+    }
+
+    /// The index of the node that serves hash slot `slot`, as node 0 sees the cluster.
+    pub fn node_for_slot(&self, slot: u16) -> io::Result<usize> {
+        let nodes = self.nodes[0]
+            .request(&["CLUSTER", "NODES"], Duration::from_secs(2))?
+            .into_text()?;
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].split(',').any(|flag| flag == "master") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let mut bounds = range.splitn(2, '-').map(str::parse::<u16>);
+                match (bounds.next(), bounds.next()) {
+                    (Some(Ok(first)), Some(Ok(last))) => (first..=last).contains(&slot),
+                    (Some(Ok(only)), None) => only == slot,
+                    _ => false,
+                }
+            });
+            if !serves {
+                continue;
+            }
+            let port = fields[1]
+                .split('@')
+                .next()
+                .and_then(|addr| addr.rsplit(':').next())
+                .and_then(|port| port.parse::<u16>().ok());
+            if let Some(index) = port.and_then(|port| self.ports().iter().position(|p| *p == port))
+            {
+                return Ok(index);
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no node serves slot {slot}"),
+        ))
+    }
+}
+
+fn expect_ok(reply: Reply) -> io::Result<()> {
+    match reply {
+        Reply::Simple(ok) if ok == "OK" => Ok(()),
+        other => Err(io::Error::other(format!("expected OK, got {other:?}"))),
+    }
+}
