@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fairlock::{BoxError, LockBackend};
+use fairlock_testsupport::RedisServer;
 use fred::prelude::{Builder, Client, ClientLike, Config as RedisConfig, Pool};
 use fred::types::CustomCommand;
 
 use crate::connect;
 use crate::report::{Report, RunInfo};
 use crate::sections::{self, SectionKey};
-use crate::server::Server;
 
 /// Connections per backend unless `--pool-size` says otherwise.
 pub(crate) const DEFAULT_POOL_SIZE: usize = 4;
@@ -103,6 +103,28 @@ impl Bench {
             .collect())
     }
 
+    /// How many times the server has run `command` (from `INFO commandstats`).
+    pub(crate) async fn command_calls(&self, command: &str) -> Result<u64, BoxError> {
+        Ok(self.command_stats(command).await?.0)
+    }
+
+    /// `(calls, total µs)` the server spent in `command` (from `INFO commandstats`).
+    pub(crate) async fn command_stats(&self, command: &str) -> Result<(u64, u64), BoxError> {
+        let field = format!("cmdstat_{command}");
+        let stats = self.info("commandstats").await?;
+        let Some((_, stats)) = stats.into_iter().find(|(k, _)| *k == field) else {
+            return Ok((0, 0));
+        };
+        let number = |name: &str| -> Result<u64, BoxError> {
+            let value = stats
+                .split(',')
+                .find_map(|part| part.strip_prefix(name))
+                .ok_or_else(|| format!("{field} has no {name}"))?;
+            Ok(value.parse()?)
+        };
+        Ok((number("calls=")?, number("usec=")?))
+    }
+
     pub(crate) async fn info_field(&self, section: &str, field: &str) -> Result<String, BoxError> {
         self.info(section)
             .await?
@@ -116,7 +138,7 @@ impl Bench {
 pub(crate) async fn run(config: Config) -> Result<(), BoxError> {
     let started = Instant::now();
     let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-    let server = Server::start()?;
+    let server = RedisServer::start()?;
     let url = server.url();
     let admin = Builder::from_config(RedisConfig::from_url(&url)?).build()?;
     admin.init().await?;

@@ -6,7 +6,6 @@ mod clock;
 mod connect;
 mod report;
 mod sections;
-mod server;
 mod stats;
 mod worker;
 

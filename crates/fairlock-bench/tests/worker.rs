@@ -1,62 +1,12 @@
 //! The protocol worker, run as separate processes against a private redis-server, as the
 //! orchestrator would run it.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use fairlock_testsupport::RedisServer as Server;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_fairlock-bench");
-
-/// A `redis-server` on a free loopback port, killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Server { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn epoch_ns() -> u128 {
     SystemTime::now()
@@ -131,7 +81,7 @@ fn ready_lines(stderr: &str, id: u64) -> usize {
 
 #[test]
 fn two_workers_take_turns_on_one_lock() {
-    let server = Server::start();
+    let server = Server::start().expect("redis-server starts");
     let start = epoch_ns() + 1_500_000_000;
     let args = |id: u64| -> Vec<String> {
         [
@@ -178,7 +128,7 @@ fn two_workers_take_turns_on_one_lock() {
 
 #[test]
 fn a_wait_that_runs_out_is_reported_and_the_loop_goes_on() {
-    let server = Server::start();
+    let server = Server::start().expect("redis-server starts");
     let start = epoch_ns() + 1_000_000_000;
     let holder_args: Vec<String> = [
         "fairlock",
@@ -228,7 +178,7 @@ fn a_wait_that_runs_out_is_reported_and_the_loop_goes_on() {
 
 #[test]
 fn unbounded_runs_stop_at_the_deadline() {
-    let server = Server::start();
+    let server = Server::start().expect("redis-server starts");
     let start = epoch_ns() + 1_000_000_000;
     let deadline = start + 200_000_000;
     let args: Vec<String> = [

@@ -20,8 +20,31 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let sha: String = pool.next().script_load("return 1").await?;
     let mut section = Section::new("many-locks", "Distinct locks, one backend");
     for tasks in [1usize, 16, 64, 256] {
-        let pairs = lock_pairs_per_s(bench, &client, tasks, duration).await?;
+        let before = bench.command_stats("evalsha").await?;
+        let pairs = lock_pairs_per_s(bench, &client, tasks, duration, Acquire::Lock).await?;
+        let between = bench.command_stats("evalsha").await?;
         let scripts = evalsha_per_s(&pool, &sha, tasks, duration).await?;
+        let after = bench.command_stats("evalsha").await?;
+        if tasks == 64 {
+            let per_call = |from: (u64, u64), to: (u64, u64)| {
+                (to.1 - from.1) as f64 / (to.0 - from.0).max(1) as f64
+            };
+            section.push(Figure::new(
+                "64 tasks: server time per lock script call",
+                per_call(before, between),
+                "µs",
+            ));
+            section.push(Figure::new(
+                "64 tasks: server time per trivial EVALSHA",
+                per_call(between, after),
+                "µs",
+            ));
+            section.push(Figure::new(
+                "64 tasks: lock script calls per pair",
+                (between.0 - before.0) as f64 / (pairs * duration.as_secs_f64()).max(1.0),
+                "",
+            ));
+        }
         let share = pairs / scripts;
         section.push(Figure::new(
             format!("{tasks} tasks: acquire+release pairs/s"),
@@ -39,6 +62,15 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         } else {
             figure
         });
+        if tasks == 64 {
+            let try_pairs =
+                lock_pairs_per_s(bench, &client, tasks, duration, Acquire::TryLock).await?;
+            section.push(Figure::new(
+                "64 tasks: `try_lock()`+release pairs/s (no wake-up subscription)",
+                try_pairs,
+                "/s",
+            ));
+        }
     }
     section.note(format!(
         "each task loops `lock()`+`unlock()` on its own lock for {:.1} s; one backend with a pool \
@@ -50,16 +82,26 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     Ok(section)
 }
 
+/// How each pair acquires.
+#[derive(Clone, Copy, Debug)]
+enum Acquire {
+    /// `lock()`: registers for wake-ups, then acquires.
+    Lock,
+    /// `try_lock()`: one acquire call, never waits.
+    TryLock,
+}
+
 async fn lock_pairs_per_s(
     bench: &Bench,
     client: &LockClient,
     tasks: usize,
     duration: Duration,
+    how: Acquire,
 ) -> Result<f64, BoxError> {
     let barrier = Arc::new(Barrier::new(tasks));
     let mut handles = Vec::with_capacity(tasks);
     for task in 0..tasks {
-        let lock = client.fair_lock(&bench.lock_name(&format!("many-{tasks}-{task}")))?;
+        let lock = client.fair_lock(&bench.lock_name(&format!("many-{how:?}-{tasks}-{task}")))?;
         let barrier = barrier.clone();
         handles.push(tokio::spawn(async move {
             lock.lock().await?.unlock().await?;
@@ -67,7 +109,11 @@ async fn lock_pairs_per_s(
             let deadline = Instant::now() + duration;
             let mut pairs = 0u64;
             while Instant::now() < deadline {
-                lock.lock().await?.unlock().await?;
+                let guard = match how {
+                    Acquire::Lock => lock.lock().await?,
+                    Acquire::TryLock => lock.try_lock().await?,
+                };
+                guard.unlock().await?;
                 pairs += 1;
             }
             Ok::<_, BoxError>(pairs)

@@ -67,6 +67,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let subscribers = subscriber_connections(bench).await? - subscribers_before;
     let connections = client_lines(bench).await?.len();
 
+    let scripts_before_drain = bench.command_calls("evalsha").await?;
+    let subscribes_before_drain = bench.command_calls("ssubscribe").await?;
     let drain_started = Instant::now();
     for guard in guards {
         guard.unlock().await?;
@@ -75,6 +77,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         task.await??;
     }
     let drained = drain_started.elapsed();
+    let drain_scripts = bench.command_calls("evalsha").await? - scripts_before_drain;
+    let drain_subscribes = bench.command_calls("ssubscribe").await? - subscribes_before_drain;
     drop(client);
     // Releases by dropped guards run in the background: give them a moment.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -120,6 +124,16 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         (waiting_key_bytes as f64 - held_key_bytes as f64) / waiters as f64,
         "B",
     ));
+    section.push(Figure::new(
+        format!("draining: {waiters} hand-overs took"),
+        drained.as_secs_f64(),
+        "s",
+    ));
+    section.push(Figure::new(
+        "draining: EVALSHA calls per hand-over",
+        drain_scripts as f64 / waiters as f64,
+        "",
+    ));
     section.push(
         Figure::new(
             "keys left after everything was released",
@@ -135,7 +149,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     section.note(format!(
         "{waiters} tasks call `lock()` (default options) on {LOCKS} locks held by 100 guards of \
          the same backend; all were queued {:.2} s after spawning; releasing the holders then let \
-         all {waiters} acquire and release in {:.2} s. Keys while held: {}, while waiting: {}; \
+         all {waiters} acquire and release in {:.2} s ({drain_scripts} EVALSHA and {drain_subscribes} \
+         SSUBSCRIBE calls meanwhile; heartbeats every 5 s / 3 included). Keys while held: {}, while waiting: {}; \
          left: {} ({} fence counters), e.g. {shown:?}",
         queued_after.as_secs_f64(),
         drained.as_secs_f64(),
