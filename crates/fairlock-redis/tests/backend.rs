@@ -552,6 +552,55 @@ async fn waiters_are_told_to_recheck_after_the_subscriber_reconnects() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_loses_holds_but_tokens_keep_growing() {
+    let mut server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let before = granted(&backend, &request(&lock, &a, true)).await;
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    // No persistence: data and cached scripts are gone after this.
+    server.0.restart().unwrap();
+    assert_eq!(
+        next_wake(&mut watch).await,
+        Wake::Recheck,
+        "waiters look again after a reconnect"
+    );
+    let after = granted(&backend, &request(&lock, &b, true)).await;
+    assert!(after.token > before.token, "{after:?} after {before:?}");
+    assert_eq!(
+        backend.release(&lock, &a, before.token).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_goes_away_makes_calls_unavailable() {
+    let mut server = Server::start();
+    let backend = RedisBackend::builder(server.url())
+        .command_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let lock = name();
+    granted(&backend, &request(&lock, &owner("a"), true)).await;
+    server.0.stop();
+    let started = std::time::Instant::now();
+    let err = backend
+        .acquire(&request(&lock, &owner("b"), true))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by the command timeout"
+    );
+    let endpoint = format!("127.0.0.1:{}", server.0.port());
+    assert!(
+        matches!(&err, Error::Unavailable { endpoint: e, .. } if *e == endpoint),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_backend_is_a_shareable_trait_object() {
     fn shareable<T: Send + Sync + 'static>() {}

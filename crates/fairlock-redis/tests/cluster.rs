@@ -5,14 +5,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{owner, request, Cluster};
+use common::{owner, request};
 use fairlock::backend::{AcquireOutcome, LockBackend, ReleaseOutcome, Wake};
 use fairlock::LockName;
 use fairlock_redis::RedisBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_over_and_list_work_on_every_node() {
-    let cluster = Cluster::start();
+    let cluster = common::cluster();
     let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
     let run = uuid::Uuid::new_v4().simple().to_string();
     let names: Vec<LockName> = (0..12)
@@ -38,9 +38,9 @@ async fn hand_over_and_list_work_on_every_node() {
             AcquireOutcome::Queued { .. }
         ));
     }
-    for node in &cluster.nodes {
-        let keys: u64 = node.cli(&["DBSIZE"]).parse().unwrap();
-        assert!(keys > 0, "node {} serves none of the 12 locks", node.port);
+    for (index, port) in cluster.ports().into_iter().enumerate() {
+        let keys: u64 = cluster.cli(index, &["DBSIZE"]).unwrap().parse().unwrap();
+        assert!(keys > 0, "node {port} serves none of the 12 locks");
     }
     assert_eq!(
         backend

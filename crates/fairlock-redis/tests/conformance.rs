@@ -19,7 +19,7 @@ async fn standalone_redis_keeps_the_fairlock_contract() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_cluster_keeps_the_fairlock_contract() {
-    let cluster = common::Cluster::start();
+    let cluster = common::cluster();
     let backend = fairlock_redis::RedisBackend::builder(cluster.url())
         .pool_size(8)
         .connect()
