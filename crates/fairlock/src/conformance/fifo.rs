@@ -1,0 +1,338 @@
+//! Fairness: grants in queue order, no barging, and the hand-over to the head waiter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::timeout;
+
+use super::support::{self, raw_acquire, OrFail, Waiter};
+use crate::backend::{AcquireOutcome, LockBackend, ReleaseOutcome, Wake};
+use crate::error::Error;
+use crate::name::{LockName, Owner};
+
+/// Waiters enqueued one by one (each confirmed in `state().waiters` before the next starts)
+/// are listed in that order and granted the lock in exactly that order, each with a larger
+/// fencing token than the one before.
+pub async fn fifo_order(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "fifo_order";
+    const WAITERS: usize = 6;
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let holder = client.fair_lock(&name).or_fail(CHECK);
+    let held = holder
+        .lock()
+        .await
+        .or_fail(format_args!("{CHECK}: holder lock"));
+
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let lock = client.fair_lock(&name).or_fail(CHECK);
+        waiters.push(Waiter::enqueue(format_args!("{CHECK} #{i}"), &client, lock).await);
+    }
+    let state = client.state(&name).await.or_fail(CHECK);
+    let expected: Vec<String> = waiters.iter().map(|w| w.owner().to_string()).collect();
+    assert_eq!(
+        support::waiter_owners(&state),
+        expected,
+        "{CHECK}: state().waiters must list the waiters in the order they were queued"
+    );
+
+    let mut last_token = held.fencing_token();
+    held.unlock()
+        .await
+        .or_fail(format_args!("{CHECK}: holder unlock"));
+    for (i, mut waiter) in waiters.into_iter().enumerate() {
+        let acquired = waiter.acquired_within(support::EVENTUALLY).await;
+        assert!(
+            acquired.token > last_token,
+            "{CHECK}: waiter #{i} got token {} after {last_token}",
+            acquired.token
+        );
+        last_token = acquired.token;
+        // Nobody further back may have been granted meanwhile: that is checked by each later
+        // waiter getting a larger token than this one, and by exclusion (it is still held).
+        let state = client.state(&name).await.or_fail(CHECK);
+        assert_eq!(
+            state.holder.as_ref().map(|h| h.owner.as_str()),
+            Some(waiter.owner().as_str()),
+            "{CHECK}: waiter #{i} is next in line and must be the one holding: {state:?}"
+        );
+        waiter.release().await;
+    }
+    support::wait_clean(
+        &client,
+        &name,
+        format_args!("{CHECK}: lock free at the end"),
+    )
+    .await;
+}
+
+/// `try_lock` by a new owner fails with `WouldBlock` and joins no queue when the lock is held
+/// and has waiters, and also when the holder's lease has run out but a live waiter is still
+/// queued (the lock is free, yet the waiter comes first). A raw `acquire` without `queue`
+/// answers `Busy` in both cases.
+pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "try_lock_never_barges";
+    let client = support::client(&backend);
+
+    // Held, with a waiter queued.
+    let name = support::lock_name(CHECK);
+    let holder = client.fair_lock(&name).or_fail(CHECK);
+    let held = holder.lock().await.or_fail(CHECK);
+    let mut waiter = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
+    let barger = client.fair_lock(&name).or_fail(CHECK);
+    for attempt in [
+        barger.try_lock().await,
+        barger.try_lock_for(Duration::ZERO).await,
+    ] {
+        assert!(
+            matches!(attempt, Err(Error::WouldBlock { .. })),
+            "{CHECK}: try_lock on a held lock with a waiter: expected WouldBlock, got {attempt:?}"
+        );
+    }
+    let raw = raw_acquire(
+        &backend,
+        &name,
+        barger.owner(),
+        support::WATCHDOG_LEASE,
+        support::WAITER_TTL,
+        false,
+    )
+    .await;
+    assert_eq!(
+        raw,
+        AcquireOutcome::Busy,
+        "{CHECK}: acquire without queue on a held lock"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert_eq!(
+        support::waiter_owners(&state),
+        vec![waiter.owner().to_string()],
+        "{CHECK}: a refused try_lock must not join the queue"
+    );
+    held.unlock().await.or_fail(CHECK);
+    waiter.acquired_within(support::EVENTUALLY).await;
+    let attempt = barger.try_lock().await;
+    assert!(
+        matches!(attempt, Err(Error::WouldBlock { .. })),
+        "{CHECK}: try_lock while the former waiter holds: expected WouldBlock, got {attempt:?}"
+    );
+    waiter.release().await;
+    let free = barger
+        .try_lock()
+        .await
+        .or_fail(format_args!("{CHECK}: try_lock on a free lock"));
+    free.unlock().await.or_fail(CHECK);
+
+    // The holder's lease ran out while a live waiter is queued: still no barging. The waiter
+    // is a raw owner with a long liveness TTL that does not call again until we say so.
+    let name = support::lock_name(CHECK);
+    let lease = Duration::from_millis(300);
+    let expiring = support::fixed_lease_client(&backend, lease)
+        .fair_lock(&name)
+        .or_fail(CHECK);
+    let expired = expiring.lock().await.or_fail(CHECK);
+    let queued = Owner::unique();
+    let long_ttl = Duration::from_secs(5);
+    let outcome = raw_acquire(&backend, &name, &queued, lease, long_ttl, true).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Queued { .. }),
+        "{CHECK}: acquire with queue on a held lock: expected Queued, got {outcome:?}"
+    );
+    let state = support::state_where(
+        &client,
+        &name,
+        lease + support::EVENTUALLY,
+        format_args!("{CHECK}: the holder's {lease:?} lease runs out"),
+        |s| s.holder.is_none(),
+    )
+    .await;
+    assert_eq!(
+        support::waiter_owners(&state),
+        vec![queued.to_string()],
+        "{CHECK}: the waiter is still queued after the lease ran out"
+    );
+    let barger = client.fair_lock(&name).or_fail(CHECK);
+    let attempt = barger.try_lock().await;
+    assert!(
+        matches!(attempt, Err(Error::WouldBlock { .. })),
+        "{CHECK}: try_lock on an expired lock with a live waiter: expected WouldBlock, got {attempt:?}"
+    );
+    let raw = raw_acquire(&backend, &name, barger.owner(), lease, long_ttl, false).await;
+    assert_eq!(
+        raw,
+        AcquireOutcome::Busy,
+        "{CHECK}: acquire without queue with a live waiter"
+    );
+    let granted = raw_acquire(&backend, &name, &queued, lease, long_ttl, true).await;
+    let AcquireOutcome::Granted(grant) = granted else {
+        panic!("{CHECK}: the head waiter of a free lock must be granted it, got {granted:?}");
+    };
+    assert!(
+        grant.token > expired.fencing_token(),
+        "{CHECK}: the waiter's token {} must exceed the expired holder's {}",
+        grant.token,
+        expired.fencing_token()
+    );
+    release_raw(&backend, &name, &queued, grant.token, CHECK).await;
+    drop(expired);
+    support::wait_clean(
+        &client,
+        &name,
+        format_args!("{CHECK}: lock free at the end"),
+    )
+    .await;
+}
+
+/// The hand-over protocol, driven with raw calls. When the holder releases with a waiter
+/// queued, the waiter's registered [`Watch`](crate::backend::Watch) gets a wake-up (within a
+/// generous 2 s: delivery is best effort, but a backend must send one), and the lock is
+/// either a pending grant to that waiter (`confirmed: false`, hold count 1, a larger token) or
+/// free for it. The waiter's next `acquire` returns hold count 1 (not an increment) and, for a
+/// pending grant, the same token, and confirms it. A pending grantee that leaves the queue
+/// instead passes the lock on to the next waiter.
+pub async fn hand_over(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "hand_over";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let lease = Duration::from_secs(5);
+    let ttl = Duration::from_secs(3);
+    let [holder, first, second] = [Owner::unique(), Owner::unique(), Owner::unique()];
+
+    let AcquireOutcome::Granted(held) =
+        raw_acquire(&backend, &name, &holder, lease, ttl, true).await
+    else {
+        panic!("{CHECK}: a fresh lock must be granted");
+    };
+    for waiter in [&first, &second] {
+        let outcome = raw_acquire(&backend, &name, waiter, lease, ttl, true).await;
+        assert!(
+            matches!(outcome, AcquireOutcome::Queued { .. }),
+            "{CHECK}: expected Queued, got {outcome:?}"
+        );
+    }
+    let mut watch = backend.watch(&lock_name, &first).await.or_fail(CHECK);
+    release_raw(&backend, &name, &holder, held.token, CHECK).await;
+    let wake = timeout(Duration::from_secs(2), watch.recv()).await;
+    assert!(
+        matches!(wake, Ok(Some(Wake::Granted(_) | Wake::Recheck))),
+        "{CHECK}: the head waiter's watch got no wake-up within 2s of the release: {wake:?}"
+    );
+
+    // The head waiter confirms.
+    let state = client.state(&name).await.or_fail(CHECK);
+    let pending = pending_grant(&state, &first, held.token, CHECK);
+    if let (Ok(Some(Wake::Granted(woken))), Some(pending)) = (wake, pending) {
+        assert_eq!(
+            woken.token, pending,
+            "{CHECK}: Wake::Granted carries the pending grant's token"
+        );
+        assert_eq!(
+            woken.hold_count, 1,
+            "{CHECK}: a pending grant has hold count 1"
+        );
+    }
+    let outcome = raw_acquire(&backend, &name, &first, lease, ttl, true).await;
+    let AcquireOutcome::Granted(grant) = outcome else {
+        panic!("{CHECK}: the head waiter of a released lock must be granted it, got {outcome:?}");
+    };
+    assert_eq!(
+        grant.hold_count, 1,
+        "{CHECK}: confirming a hand-over is not a re-entry"
+    );
+    assert!(
+        grant.token > held.token,
+        "{CHECK}: the grantee's token must exceed the holder's"
+    );
+    if let Some(pending) = pending {
+        assert_eq!(
+            grant.token, pending,
+            "{CHECK}: confirming keeps the pending grant's token"
+        );
+    }
+    let state = client.state(&name).await.or_fail(CHECK);
+    let confirmed = state.holder.as_ref().is_some_and(|h| {
+        h.owner == first.as_str() && h.confirmed && h.hold_count == 1 && h.token == grant.token
+    });
+    assert!(
+        confirmed,
+        "{CHECK}: after confirming, the grantee holds once: {state:?}"
+    );
+    assert_eq!(
+        support::waiter_owners(&state),
+        vec![second.to_string()],
+        "{CHECK}: queue after the hand-over"
+    );
+
+    // A pending grantee that leaves the queue passes the lock on.
+    let third = Owner::unique();
+    let outcome = raw_acquire(&backend, &name, &third, lease, ttl, true).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Queued { .. }),
+        "{CHECK}: expected Queued, got {outcome:?}"
+    );
+    release_raw(&backend, &name, &first, grant.token, CHECK).await;
+    backend
+        .leave_queue(&lock_name, &second)
+        .await
+        .or_fail(format_args!("{CHECK}: leave_queue"));
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.as_ref().is_none_or(|h| h.owner == third.as_str() && !h.confirmed),
+        "{CHECK}: after the grantee left, the lock is free or pending for the next waiter: {state:?}"
+    );
+    assert!(
+        !support::waiter_owners(&state).contains(&second.to_string()),
+        "{CHECK}: the waiter that left is still queued: {state:?}"
+    );
+    let outcome = raw_acquire(&backend, &name, &third, lease, ttl, true).await;
+    let AcquireOutcome::Granted(last) = outcome else {
+        panic!("{CHECK}: the next waiter must get the lock the grantee gave up, got {outcome:?}");
+    };
+    assert!(
+        last.token > grant.token,
+        "{CHECK}: tokens increase over hand-overs"
+    );
+    release_raw(&backend, &name, &third, last.token, CHECK).await;
+    support::wait_clean(
+        &client,
+        &name,
+        format_args!("{CHECK}: lock free at the end"),
+    )
+    .await;
+}
+
+/// The token of a pending grant to `waiter`, if the lock is one; panics if the lock is held
+/// by anyone else or the grant's shape is wrong.
+fn pending_grant(
+    state: &crate::LockState,
+    waiter: &Owner,
+    previous: u64,
+    check: &str,
+) -> Option<u64> {
+    let holder = state.holder.as_ref()?;
+    assert!(
+        holder.owner == waiter.as_str() && !holder.confirmed && holder.hold_count == 1 && holder.token > previous,
+        "{check}: after a release the lock must be free or a pending grant (hold count 1, new token) to the head waiter {waiter}: {state:?}"
+    );
+    Some(holder.token)
+}
+
+pub(crate) async fn release_raw(
+    backend: &Arc<dyn LockBackend>,
+    name: &str,
+    owner: &Owner,
+    token: u64,
+    check: &str,
+) {
+    let lock_name = LockName::new(name).or_fail(check);
+    let outcome = backend
+        .release(&lock_name, owner, token)
+        .await
+        .or_fail(check);
+    assert!(
+        matches!(outcome, ReleaseOutcome::Released { .. }),
+        "{check}: release by the holder {owner} with its token {token}: got {outcome:?}"
+    );
+}
