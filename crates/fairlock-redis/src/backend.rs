@@ -277,7 +277,12 @@ impl LockBackend for RedisBackend {
         let mut summaries = Vec::new();
         for tag in self.scan_tags().await? {
             let keys = LockKeys::from_tag(&self.inner.prefix, &tag);
-            let (name, state) = self.snapshot(&keys, &tag).await?;
+            let (name, state) = match self.snapshot(&keys, &tag).await {
+                Ok(found) => found,
+                // Someone else's key that happens to match the pattern: not a lock of ours.
+                Err(Error::Conflict { .. }) => continue,
+                Err(error) => return Err(error),
+            };
             if name.is_empty() || !name.starts_with(prefix) {
                 continue;
             }

@@ -601,6 +601,52 @@ async fn a_server_that_goes_away_makes_calls_unavailable() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_work_and_never_show() {
+    const SECRET: &str = "s3cret-for-this-test";
+    let server =
+        Server(fairlock_testsupport::RedisServer::start_with(&["--requirepass", SECRET]).unwrap());
+    let url = format!("redis://:{SECRET}@127.0.0.1:{}", server.0.port());
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    granted(&backend, &request(&name(), &owner("a"), true)).await;
+    let shown = format!("{backend:?} {:?}", RedisBackend::builder(url));
+    assert!(!shown.contains(SECRET), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_clients_built_elsewhere() {
+    use fairlock_redis::fred::clients::SubscriberClient;
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+    let server = Server::start();
+    let config = Config::from_url(&server.url()).unwrap();
+    let mut builder = Builder::from_config(config);
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    let pool = builder.build_pool(2).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    let backend = RedisBackend::from_clients(pool, subscriber, "mine:").unwrap();
+    assert_eq!(backend.prefix(), "mine:");
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let grant = granted(&backend, &request(&lock, &a, true)).await;
+    queued(&backend, &request(&lock, &b, true)).await;
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    backend.release(&lock, &a, grant.token).await.unwrap();
+    assert!(matches!(next_wake(&mut watch).await, Wake::Granted(_)));
+    let keys = server.cli(&["--scan", "--pattern", &format!("mine:{{{lock}}}*")]);
+    assert!(keys.contains(&format!("mine:{{{lock}}}:h")), "{keys}");
+    assert!(matches!(
+        RedisBackend::from_clients(
+            backend.pool().clone(),
+            SubscriberClient::new(Config::default(), None, None, None),
+            "{bad}"
+        ),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
 #[test]
 fn the_backend_is_a_shareable_trait_object() {
     fn shareable<T: Send + Sync + 'static>() {}
