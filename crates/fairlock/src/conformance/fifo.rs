@@ -135,10 +135,8 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
     let queued = Owner::unique();
     let long_ttl = Duration::from_secs(5);
     let outcome = raw_acquire(&backend, &name, &queued, lease, long_ttl, true).await;
-    assert!(
-        matches!(outcome, AcquireOutcome::Queued { .. }),
-        "{CHECK}: acquire with queue on a held lock: expected Queued, got {outcome:?}"
-    );
+    let what = format!("{CHECK}: acquire with queue on a held lock");
+    support::expect_queued(outcome, expired.fencing_token(), what);
     let state = support::state_where(
         &client,
         &name,
@@ -207,9 +205,10 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     };
     for waiter in [&first, &second] {
         let outcome = raw_acquire(&backend, &name, waiter, lease, ttl, true).await;
-        assert!(
-            matches!(outcome, AcquireOutcome::Queued { .. }),
-            "{CHECK}: expected Queued, got {outcome:?}"
+        support::expect_queued(
+            outcome,
+            held.token,
+            format_args!("{CHECK}: queue behind the holder"),
         );
     }
     let mut watch = backend.watch(&lock_name, &first).await.or_fail(CHECK);
@@ -268,9 +267,10 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     // A pending grantee that leaves the queue passes the lock on.
     let third = Owner::unique();
     let outcome = raw_acquire(&backend, &name, &third, lease, ttl, true).await;
-    assert!(
-        matches!(outcome, AcquireOutcome::Queued { .. }),
-        "{CHECK}: expected Queued, got {outcome:?}"
+    support::expect_queued(
+        outcome,
+        grant.token,
+        format_args!("{CHECK}: queue behind the grantee"),
     );
     release_raw(&backend, &name, &first, grant.token, CHECK).await;
     backend

@@ -80,14 +80,14 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
     let [holder, head] = [Owner::unique(), Owner::unique()];
     let long = Duration::from_secs(5);
     let granted = raw_acquire(&backend, &name, &holder, long, long, true).await;
-    assert!(
-        matches!(granted, AcquireOutcome::Granted(_)),
-        "{CHECK}: a free lock: got {granted:?}"
-    );
+    let AcquireOutcome::Granted(held) = granted else {
+        panic!("{CHECK}: a free lock: got {granted:?}");
+    };
     let queued = raw_acquire(&backend, &name, &head, long, long, true).await;
-    assert!(
-        matches!(queued, AcquireOutcome::Queued { .. }),
-        "{CHECK}: a held lock: got {queued:?}"
+    support::expect_queued(
+        queued,
+        held.token,
+        format_args!("{CHECK}: queue behind the holder"),
     );
     let mut watch = backend.watch(&lock_name, &head).await.or_fail(CHECK);
     assert!(

@@ -156,6 +156,20 @@ pub(crate) async fn raw_acquire(
         .or_fail(format_args!("acquire by {owner} on {name}"))
 }
 
+/// Checks that `outcome` is [`AcquireOutcome::Queued`] and that its `last_token` is at least
+/// `issued`, a token already issued for the lock (the core uses it to discard stale
+/// `Wake::Granted` messages, so it must not lag behind).
+#[track_caller]
+pub(crate) fn expect_queued(outcome: AcquireOutcome, issued: u64, what: impl Display) {
+    match outcome {
+        AcquireOutcome::Queued { last_token, .. } => assert!(
+            last_token >= issued,
+            "{what}: Queued must report the highest token issued for the lock: it reports {last_token}, but {issued} was issued"
+        ),
+        other => panic!("{what}: expected Queued, got {other:?}"),
+    }
+}
+
 /// What a [`Waiter`] saw when it got the lock.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Acquired {
