@@ -10,7 +10,11 @@ use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
 use fred::types::Builder;
 
 use crate::error::{unavailable, BACKEND};
+use crate::wake::DEFAULT_LINGER;
 use crate::RedisBackend;
+
+/// How many published wake-ups may wait for the dispatcher before some are dropped.
+const WAKE_BUFFER: usize = 16_384;
 
 /// The key prefix used unless [`RedisBackendBuilder::prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "fairlock:";
@@ -38,6 +42,7 @@ pub struct RedisBackendBuilder {
     pool_size: usize,
     connect_timeout: Duration,
     command_timeout: Duration,
+    subscription_linger: Duration,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -48,6 +53,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("subscription_linger", &self.subscription_linger)
             .finish()
     }
 }
@@ -60,6 +66,7 @@ impl RedisBackendBuilder {
             pool_size: 4,
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(10),
+            subscription_linger: DEFAULT_LINGER,
         }
     }
 
@@ -91,6 +98,14 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// How long a lock's wake-up channel stays subscribed after its last local waiter is
+    /// gone (default 2 s), so a process that locks the same lock again and again does not
+    /// subscribe and unsubscribe each time.
+    pub fn subscription_linger(mut self, linger: Duration) -> Self {
+        self.subscription_linger = linger;
+        self
+    }
+
     /// Connects the pool and the subscriber connection.
     ///
     /// # Errors
@@ -112,6 +127,9 @@ impl RedisBackendBuilder {
             })
             .with_performance_config(|performance| {
                 performance.default_command_timeout = self.command_timeout;
+                // Wake-ups of many locks can arrive in bursts; a short buffer overflows and
+                // turns each burst into a recheck by every local waiter.
+                performance.broadcast_channel_capacity = WAKE_BUFFER;
             })
             // Keep reconnecting (no attempt limit), backing off from 50 ms to 2 s.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
@@ -147,6 +165,7 @@ impl RedisBackendBuilder {
             self.prefix,
             endpoint,
             true,
+            self.subscription_linger,
         ))
     }
 }
@@ -195,7 +214,12 @@ pub(crate) fn from_clients(
     check_prefix(&prefix)?;
     let endpoint = endpoint_of(&pool.client_config());
     Ok(RedisBackend::assemble(
-        pool, subscriber, prefix, endpoint, false,
+        pool,
+        subscriber,
+        prefix,
+        endpoint,
+        false,
+        DEFAULT_LINGER,
     ))
 }
 

@@ -86,6 +86,11 @@ impl RedisBackend {
     /// must be used for nothing else. Both must point at the same deployment. They are not
     /// closed when the backend is dropped.
     ///
+    /// Give the subscriber a large `broadcast_channel_capacity` in its
+    /// [`PerformanceConfig`](fred::types::config::PerformanceConfig) (the builder uses 16384):
+    /// with fred's default of 32 a burst of hand-overs overflows it and every local waiter
+    /// is sent to check its lock.
+    ///
     /// Give the clients a [`ReconnectPolicy`](fred::types::config::ReconnectPolicy), or a
     /// lost connection stays lost.
     ///
@@ -105,11 +110,12 @@ impl RedisBackend {
         prefix: String,
         endpoint: String,
         owns_clients: bool,
+        linger: std::time::Duration,
     ) -> RedisBackend {
         RedisBackend {
             inner: Arc::new(Inner {
                 pool,
-                dispatcher: Dispatcher::start(subscriber),
+                dispatcher: Dispatcher::start(subscriber, linger),
                 scripts: Scripts::new(),
                 prefix,
                 endpoint,

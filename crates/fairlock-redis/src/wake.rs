@@ -7,17 +7,26 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use fairlock::backend::{Grant, Wake, WakeSender, Watch};
 use fred::clients::SubscriberClient;
 use fred::interfaces::{EventInterface, PubsubInterface};
 use tokio::sync::broadcast::error::RecvError;
 
+/// How long a channel stays subscribed after its last watch, unless configured.
+pub(crate) const DEFAULT_LINGER: Duration = Duration::from_secs(2);
+
+/// After messages were dropped, waiters are sent to look at most this often: a recheck by
+/// every waiter slows the next hand-overs, which could overflow the buffer again.
+const LAG_RECHECK_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Routes published wake-ups to the [`Watch`]es of this process.
 #[derive(Debug)]
 pub(crate) struct Dispatcher {
     subscriber: SubscriberClient,
     channels: Mutex<HashMap<String, Channel>>,
+    linger: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -39,14 +48,16 @@ struct Registration {
 
 impl Dispatcher {
     /// Starts dispatching the messages of `subscriber` (already connected).
-    pub(crate) fn start(subscriber: SubscriberClient) -> Arc<Self> {
+    pub(crate) fn start(subscriber: SubscriberClient, linger: Duration) -> Arc<Self> {
         let dispatcher = Arc::new(Dispatcher {
             subscriber,
             channels: Mutex::new(HashMap::new()),
+            linger,
         });
         let mut messages = dispatcher.subscriber.message_rx();
         let weak = Arc::downgrade(&dispatcher);
         tokio::spawn(async move {
+            let mut last_lag_recheck: Option<tokio::time::Instant> = None;
             loop {
                 let received = messages.recv().await;
                 let Some(dispatcher) = weak.upgrade() else {
@@ -58,8 +69,19 @@ impl Dispatcher {
                             dispatcher.deliver(&message.channel, &payload);
                         }
                     }
-                    // Messages were dropped: whoever missed one must look for itself.
-                    Err(RecvError::Lagged(_)) => dispatcher.recheck_all(),
+                    // Messages were dropped: whoever missed one must look for itself. Waiters
+                    // also heartbeat, so skipping a recheck only delays them (contract).
+                    Err(RecvError::Lagged(dropped)) => {
+                        let now = tokio::time::Instant::now();
+                        if last_lag_recheck.is_none_or(|at| now - at >= LAG_RECHECK_INTERVAL) {
+                            last_lag_recheck = Some(now);
+                            tracing::debug!(
+                                dropped,
+                                "fairlock-redis: wake-ups dropped; rechecking"
+                            );
+                            dispatcher.recheck_all();
+                        }
+                    }
                     Err(RecvError::Closed) => return,
                 }
             }
@@ -180,6 +202,8 @@ impl Dispatcher {
             return;
         };
         runtime.spawn(async move {
+            // Linger: a new watch meanwhile finds the channel subscribed and keeps it.
+            tokio::time::sleep(self.linger).await;
             let mut guard = subscribed.lock().await;
             if !self.is_idle(&channel, &subscribed) {
                 return;

@@ -494,20 +494,43 @@ async fn odd_names_work_and_list_finds_them() {
     assert!(backend.list("nothing-like-this-").await.unwrap().is_empty());
 }
 
+/// How many `SSUBSCRIBE` commands the server has run.
+fn ssubscribe_calls(server: &Server) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_ssubscribe:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_share_one_subscription_per_lock_and_drop_it() {
     let server = Server::start();
-    let backend = server.backend().await;
+    let backend = RedisBackend::builder(server.url())
+        .subscription_linger(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
     let lock = name();
     let channel = format!("fairlock:{{{lock}}}:c");
     let subscribers = || server.cli(&["PUBSUB", "SHARDNUMSUB", &channel]);
     let first = backend.watch(&lock, &owner("a")).await.unwrap();
     let second = backend.watch(&lock, &owner("b")).await.unwrap();
     assert_eq!(subscribers(), format!("{channel}\n1"));
+    assert_eq!(
+        ssubscribe_calls(&server),
+        1,
+        "one subscription for both watches"
+    );
     drop(first);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(subscribers(), format!("{channel}\n1"), "b still watches");
     drop(second);
+    // Within the linger, watching again reuses the subscription.
+    let third = backend.watch(&lock, &owner("c")).await.unwrap();
+    assert_eq!(ssubscribe_calls(&server), 1, "the subscription lingered");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(subscribers(), format!("{channel}\n1"), "c still watches");
+    drop(third);
     let started = std::time::Instant::now();
     while subscribers() != format!("{channel}\n0") {
         assert!(
