@@ -11,37 +11,59 @@
 local owner, lease, waiter_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local may_queue, request_id, name = ARGV[4] == '1', ARGV[5], ARGV[6]
 
-local replayed = replay(request_id)
-if replayed then
-  return replayed
+local hold = redis.call('HMGET', H, 'o', 'c', 't', 'p', 'hr', 'hv')
+if hold[5] == request_id then
+  return hold[6]
 end
-evict_expired()
 
-if redis.call('HGET', H, 'o') == owner then
-  local count
-  if redis.call('HGET', H, 'p') == '1' then
+local has_queue = redis.call('LINDEX', Q, 0) ~= false
+if has_queue then
+  evict_expired()
+end
+
+if hold[1] == owner then
+  local count = tonumber(hold[2])
+  if not count then
+    return foreign('has no hold count')
+  end
+  if hold[4] == '1' then
     -- Confirming a hand-over: the hold is the one granted, not a second level.
     redis.call('HDEL', H, 'p')
-    count = tonumber(redis.call('HGET', H, 'c'))
   else
-    count = redis.call('HINCRBY', H, 'c', 1)
+    count = count + 1
   end
+  local reply = 'G ' .. hold[3] .. ' ' .. int(count)
+  redis.call('HSET', H, 'c', int(count), 'hr', request_id, 'hv', reply)
   redis.call('PEXPIRE', H, lease)
-  dequeue(owner)
-  tidy()
-  return remember(request_id, 'G ' .. redis.call('HGET', H, 't') .. ' ' .. int(count), true)
+  if has_queue then
+    dequeue(owner)
+    tidy()
+  end
+  return reply
 end
 
-local held = redis.call('EXISTS', H) == 1
-local head_ticket, head_owner = head()
+local fence = redis.call('HMGET', F, 't', 'n')
+local held = hold[1] ~= false
+local head_ticket, head_owner
+if has_queue then
+  head_ticket, head_owner = head()
+end
+
 if not held and (not head_ticket or head_owner == owner) then
-  dequeue(owner)
-  local token = int(next_token())
-  redis.call('HSET', H, 'o', owner, 'c', 1, 't', token)
+  if head_ticket then
+    dequeue(owner)
+  end
+  local token = next_token(fence[1])
+  local reply = 'G ' .. token .. ' 1'
+  redis.call('HSET', H, 'o', owner, 'c', 1, 't', token, 'hr', request_id, 'hv', reply)
   redis.call('PEXPIRE', H, lease)
-  redis.call('HSET', F, 'n', name)
+  if fence[2] == name then
+    redis.call('HSET', F, 't', token)
+  else
+    redis.call('HSET', F, 't', token, 'n', name)
+  end
   tidy()
-  return remember(request_id, 'G ' .. token .. ' 1', true)
+  return reply
 end
 
 if not may_queue then
@@ -50,8 +72,7 @@ if not may_queue then
 end
 
 -- Join, or refresh the deadline and keep the place; a waiter already expired has lost it.
-local deadline = now_ms + waiter_ttl
-local ticket = redis.call('HGET', W, '@' .. owner)
+local ticket = has_queue and redis.call('HGET', W, '@' .. owner) or nil
 if ticket then
   local current = tonumber(redis.call('ZSCORE', Z, ticket))
   if not current or current <= now_ms then
@@ -67,12 +88,15 @@ if not ticket then
     head_ticket, head_owner = ticket, owner
   end
 end
-redis.call('ZADD', Z, int(deadline), ticket)
+redis.call('ZADD', Z, int(now_ms + waiter_ttl), ticket)
 redis.call('HSET', W, '#' .. ticket, int(waiter_ttl) .. ':' .. owner)
-redis.call('HSET', F, 'n', name)
+if fence[2] ~= name then
+  redis.call('HSET', F, 'n', name)
+end
 expire_queue_keys()
+tidy()
 
-local last_token = redis.call('HGET', F, 't') or '0'
+local last_token = fence[1] or '0'
 if held and head_owner == owner then
   return 'Q ' .. int(redis.call('PTTL', H)) .. ' ' .. last_token
 end

@@ -5,17 +5,18 @@
 -- Returns a string: "1" if it was held, "0" if not.
 local request_id = ARGV[1]
 
-local replayed = replay(request_id)
-if replayed then
-  return replayed
+local hold = redis.call('HMGET', H, 'hr', 'hv')
+if hold[1] == request_id then
+  return hold[2]
 end
-evict_expired()
-
-if redis.call('EXISTS', H) == 0 then
-  tidy()
+local fence = redis.call('HMGET', F, 'r', 'v', 't')
+if fence[1] == request_id then
+  return fence[2]
+end
+if redis.call('DEL', H) == 0 then
   return '0'
 end
-redis.call('DEL', H)
-hand_over(request_id, '1')
+hand_over(request_id, '1', fence[3])
+redis.call('HSET', F, 'r', request_id, 'v', '1')
 tidy()
-return remember(request_id, '1', false)
+return '1'

@@ -3,12 +3,15 @@
 --
 -- Keys of one lock (all share the hash tag, so one Cluster slot):
 --   H  hash    the holder: o=owner, c=hold count, t=token, p="1" while a pending grant,
---              hr/hv = last request id applied for this hold and its reply. PEXPIRE = lease.
+--              hr/hv = last request id applied to this hold and its reply (a re-sent
+--              request with that id gets the reply again, not a second effect).
+--              PEXPIRE = lease.
 --   Q  list    FIFO of waiter tickets; may hold tombstones of tickets that left (skipped).
 --   Z  zset    live tickets -> liveness deadline (server ms).
 --   W  hash    "#<ticket>" -> "<ttl ms>:<owner>", "@<owner>" -> ticket.
 --   F  hash    never deleted: t=last fencing token, s=last ticket, n=lock name,
---              r/v = last request id applied and its reply.
+--              r/v = the last request that freed the lock (release, force release) and its
+--              reply, for when it is re-sent after H is gone.
 --   C  shard channel for wake-ups: "G <token> <owner>" (hand-over), "R <owner>" (recheck).
 
 local H, Q, Z, W, F, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -23,33 +26,19 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- A re-sent request (the client retried after a reconnect) gets the first reply again
--- instead of being applied twice.
-local function replay(request_id)
-  if redis.call('HGET', H, 'hr') == request_id then
-    return redis.call('HGET', H, 'hv')
-  end
-  if redis.call('HGET', F, 'r') == request_id then
-    return redis.call('HGET', F, 'v')
-  end
-  return false
+-- The next fencing token after `last` (a stored decimal string, or nil): one past it, and
+-- never below the server's clock in microseconds, so tokens keep growing even when the server
+-- lost F (restart without persistence).
+local function next_token(last)
+  return int(math.max((tonumber(last) or 0) + 1, now_us))
 end
 
-local function remember(request_id, reply, in_hold)
-  redis.call('HSET', F, 'r', request_id, 'v', reply)
-  if in_hold then
-    redis.call('HSET', H, 'hr', request_id, 'hv', reply)
-  end
-  return reply
-end
+-- Set when this call changed the queue, so tidy() knows whether to look.
+local queue_touched = false
 
--- Tokens only grow: one past the last, and never below the server's clock in microseconds,
--- so they keep growing even when the server lost F (restart without persistence).
-local function next_token()
-  local last = tonumber(redis.call('HGET', F, 't')) or 0
-  local token = math.max(last + 1, now_us)
-  redis.call('HSET', F, 't', int(token))
-  return token
+-- Stops with a Conflict for the caller when a holder hash is not one fairlock wrote.
+local function foreign(detail)
+  return redis.error_reply('WRONGTYPE fairlock: ' .. H .. ' ' .. detail)
 end
 
 local function waiter_record(ticket)
@@ -63,6 +52,7 @@ end
 
 -- Forgets one ticket in O(log n); its list entry becomes a tombstone.
 local function drop_ticket(ticket)
+  queue_touched = true
   local _, owner = waiter_record(ticket)
   redis.call('ZREM', Z, ticket)
   redis.call('HDEL', W, '#' .. ticket)
@@ -102,6 +92,7 @@ local function head()
     if deadline then
       drop_ticket(ticket)
     end
+    queue_touched = true
     redis.call('LPOP', Q)
   end
 end
@@ -119,14 +110,19 @@ end
 
 -- Nothing left behind: without live waiters the list only holds tombstones.
 local function tidy()
-  if redis.call('ZCARD', Z) == 0 then
+  if queue_touched and redis.call('ZCARD', Z) == 0 then
     redis.call('DEL', Q, W)
   end
 end
 
 -- The lock just became free: hand it to the head live waiter as a pending grant that lasts
--- the waiter's liveness TTL, and tell that waiter. The hold remembers the request that made it.
-local function hand_over(request_id, reply)
+-- the waiter's liveness TTL, and tell that waiter. `last_token` is F's `t`; the new hold
+-- remembers the request that made it, so a re-sent one is recognised.
+local function hand_over(request_id, reply, last_token)
+  if not redis.call('LINDEX', Q, 0) then
+    return
+  end
+  evict_expired()
   local ticket, owner = head()
   if not ticket then
     return
@@ -134,18 +130,9 @@ local function hand_over(request_id, reply)
   local ttl = waiter_record(ticket)
   drop_ticket(ticket)
   redis.call('LPOP', Q)
-  local token = int(next_token())
+  local token = next_token(last_token)
+  redis.call('HSET', F, 't', token)
   redis.call('HSET', H, 'o', owner, 'c', 1, 't', token, 'p', '1', 'hr', request_id, 'hv', reply)
   redis.call('PEXPIRE', H, int(ttl))
   redis.call('SPUBLISH', C, 'G ' .. token .. ' ' .. owner)
-end
-
--- After a waiter left a free lock, the new head may take it: tell it to check.
-local function nudge_head()
-  if redis.call('EXISTS', H) == 0 then
-    local ticket, owner = head()
-    if ticket then
-      redis.call('SPUBLISH', C, 'R ' .. owner)
-    end
-  end
 end

@@ -5,24 +5,31 @@
 -- Returns a string: "R <remaining hold count>", or "N" (not held with that token; no change).
 local owner, token, request_id = ARGV[1], ARGV[2], ARGV[3]
 
-local replayed = replay(request_id)
-if replayed then
-  return replayed
+local hold = redis.call('HMGET', H, 'o', 'c', 't', 'hr', 'hv')
+if hold[4] == request_id then
+  return hold[5]
 end
-evict_expired()
-
-if redis.call('HGET', H, 'o') ~= owner or redis.call('HGET', H, 't') ~= token then
-  tidy()
+local fence = redis.call('HMGET', F, 'r', 'v', 't')
+if fence[1] == request_id then
+  return fence[2]
+end
+if hold[1] ~= owner or hold[3] ~= token then
   return 'N'
 end
+local count = tonumber(hold[2])
+if not count then
+  return foreign('has no hold count')
+end
 
-local remaining = redis.call('HINCRBY', H, 'c', -1)
-if remaining > 0 then
-  return remember(request_id, 'R ' .. int(remaining), true)
+if count > 1 then
+  local reply = 'R ' .. int(count - 1)
+  redis.call('HSET', H, 'c', int(count - 1), 'hr', request_id, 'hv', reply)
+  return reply
 end
 
 local reply = 'R 0'
 redis.call('DEL', H)
-hand_over(request_id, reply)
+hand_over(request_id, reply, fence[3])
+redis.call('HSET', F, 'r', request_id, 'v', reply)
 tidy()
-return remember(request_id, reply, false)
+return reply
