@@ -208,12 +208,12 @@ impl Dispatcher {
             if !self.is_idle(&channel, &subscribed) {
                 return;
             }
-            if *guard {
-                if let Err(error) = self.subscriber.sunsubscribe(channel.as_str()).await {
-                    tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
-                }
-                *guard = false;
+            // Even when the flag says unsubscribed: a watch cancelled during its SSUBSCRIBE
+            // may have subscribed without recording it, and SUNSUBSCRIBE is harmless anyway.
+            if let Err(error) = self.subscriber.sunsubscribe(channel.as_str()).await {
+                tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
             }
+            *guard = false;
             let mut channels = self.channels();
             if self.is_idle_in(&channels, &channel, &subscribed) {
                 channels.remove(&channel);
