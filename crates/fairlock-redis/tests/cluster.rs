@@ -71,3 +71,37 @@ async fn hand_over_and_list_work_on_every_node() {
         .unwrap()
         .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restart_loses_its_locks_but_not_token_order() {
+    let mut cluster = common::cluster();
+    let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
+    let lock = common::name();
+    let (a, b) = (owner("a"), owner("b"));
+    let AcquireOutcome::Granted(before) = backend.acquire(&request(&lock, &a, true)).await.unwrap()
+    else {
+        panic!("a gets the lock");
+    };
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    let node = cluster
+        .node_for_key(&format!("fairlock:{{{lock}}}:h"))
+        .unwrap();
+    // The node comes back with its slots but without data or cached scripts.
+    cluster.node_mut(node).restart().unwrap();
+    let wake = tokio::time::timeout(Duration::from_secs(10), watch.recv()).await;
+    assert!(matches!(wake, Ok(Some(Wake::Recheck))), "{wake:?}");
+    let started = std::time::Instant::now();
+    let after = loop {
+        // The cluster may need a moment to agree the node is back.
+        match backend.acquire(&request(&lock, &b, true)).await {
+            Ok(AcquireOutcome::Granted(grant)) => break grant,
+            outcome => {
+                assert!(started.elapsed() < Duration::from_secs(10), "{outcome:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(after.token > before.token, "{after:?} after {before:?}");
+    let released = backend.release(&lock, &a, before.token).await.unwrap();
+    assert_eq!(released, ReleaseOutcome::NotHeld);
+}
