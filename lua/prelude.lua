@@ -47,6 +47,9 @@ local function waiter_record(ticket)
     return nil, nil
   end
   local colon = string.find(record, ':', 1, true)
+  if not colon then
+    return nil, nil
+  end
   return tonumber(string.sub(record, 1, colon - 1)), string.sub(record, colon + 1)
 end
 
@@ -86,8 +89,10 @@ local function head()
     end
     local deadline = tonumber(redis.call('ZSCORE', Z, ticket))
     if deadline and deadline > now_ms then
-      local _, owner = waiter_record(ticket)
-      return ticket, owner
+      local ttl, owner = waiter_record(ticket)
+      if ttl then
+        return ticket, owner
+      end
     end
     if deadline then
       drop_ticket(ticket)
