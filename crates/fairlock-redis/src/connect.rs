@@ -114,6 +114,25 @@ impl RedisBackendBuilder {
     /// connect timeout.
     pub async fn connect(self) -> Result<RedisBackend> {
         check_prefix(&self.prefix)?;
+        if !self.url.starts_with("redis") {
+            return Err(Error::InvalidArgument {
+                what: "redis url",
+                reason: format!(
+                    "{} is not a redis://, rediss:// or redis-cluster:// URL",
+                    redact(&self.url)
+                ),
+            });
+        }
+        if cfg!(not(feature = "tls")) && self.url.starts_with("rediss") {
+            // fred would otherwise ignore the `s` and talk plain text to a TLS port.
+            return Err(Error::InvalidArgument {
+                what: "redis url",
+                reason: format!(
+                    "{} asks for TLS; enable the `tls` feature of fairlock-redis",
+                    redact(&self.url)
+                ),
+            });
+        }
         let config = Config::from_url(&self.url).map_err(|error| Error::InvalidArgument {
             what: "redis url",
             reason: format!("{}: {}", redact(&self.url), error.details()),
@@ -236,6 +255,25 @@ mod tests {
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         let builder = RedisBackendBuilder::new("rediss://:hunter2@example:6380");
         assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn tls_urls_need_the_tls_feature() {
+        let err = RedisBackendBuilder::new("rediss://127.0.0.1:1")
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn malformed_urls_are_invalid_arguments() {
+        for url in ["not a url", "http://127.0.0.1:6379", "redis://:pw@"] {
+            let err = RedisBackendBuilder::new(url).connect().await.unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{url}: {err}");
+            assert!(!err.to_string().contains(":pw@"), "{err}");
+        }
     }
 
     #[test]
