@@ -1,0 +1,67 @@
+//! Reaching the store: a [`LockClient`] over Redis from `--url` and `--prefix`.
+
+use std::time::Duration;
+
+use fairlock::LockClient;
+use fairlock_redis::RedisBackend;
+
+use crate::args::StoreArgs;
+use crate::exit::{Failure, UNAVAILABLE};
+
+/// Connects to the store, giving up after `--connect-timeout`.
+pub(crate) async fn connect(store: &StoreArgs) -> Result<LockClient, Failure> {
+    let mut builder = RedisBackend::builder(&store.url).connect_timeout(store.connect_timeout);
+    if let Some(prefix) = &store.prefix {
+        builder = builder.prefix(prefix);
+    }
+    // The backend keeps its own timeout; this one only guards against it hanging.
+    let limit = store.connect_timeout + Duration::from_secs(1);
+    match tokio::time::timeout(limit, builder.connect()).await {
+        Ok(backend) => Ok(LockClient::new(backend?)),
+        Err(_elapsed) => Err(Failure::new(
+            UNAVAILABLE,
+            format!(
+                "redis backend cannot reach {}: no connection within {}",
+                redact(&store.url),
+                humantime::format_duration(limit),
+            ),
+        )),
+    }
+}
+
+/// `url` with its password, if any, replaced by `***`, fit for messages.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|at| at + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let user_info = &rest[..at];
+    let user = user_info
+        .split_once(':')
+        .map_or(user_info, |(user, _password)| user);
+    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact("redis://:s3cret@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("redis://app:s3cret@host:6379"),
+            "redis://app:***@host:6379"
+        );
+        assert_eq!(redact("redis://host/0?x=a@b"), "redis://host/0?x=a@b");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}
