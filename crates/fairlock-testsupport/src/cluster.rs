@@ -26,7 +26,8 @@ impl RedisCluster {
     /// Starts `masters` nodes, joins them (`redis-cli --cluster create … --cluster-replicas 0`
     /// for 3 or more; `CLUSTER ADDSLOTSRANGE` and `CLUSTER MEET` for 1 or 2, which
     /// `redis-cli` refuses), and waits until every node reports `cluster_state:ok`, knows every
-    /// other node and sees all slots assigned.
+    /// other node and sees all slots assigned. Takes about 2 to 3 s: Redis itself keeps a
+    /// freshly started master at `cluster_state:fail` for about 2 s.
     ///
     /// # Panics
     ///
@@ -58,7 +59,7 @@ impl RedisCluster {
         } else {
             cluster.create_by_hand()?;
         }
-        cluster.wait_settled()?;
+        cluster.wait_until_ok()?;
         Ok(cluster)
     }
 
@@ -103,8 +104,12 @@ impl RedisCluster {
         Ok(())
     }
 
-    /// Waits until every node is `ok`, knows all nodes (none in handshake) and sees all slots.
-    fn wait_settled(&self) -> io::Result<()> {
+    /// Waits (up to 30 s) until every node reports `cluster_state:ok`, knows every node (none
+    /// in handshake or failed) and sees all 16384 slots assigned; e.g. after
+    /// [`RedisServer::restart`] of a node, which only waits until the node answers. Redis keeps
+    /// a freshly started master at `cluster_state:fail` for about 2 s, so this takes about
+    /// that long after a restart. Fails if a node is stopped or paused.
+    pub fn wait_until_ok(&self) -> io::Result<()> {
         let started = Instant::now();
         loop {
             let mut unsettled = None;
@@ -195,7 +200,8 @@ impl RedisCluster {
     }
 
     /// Node `index`, mutably, e.g. to [`stop`](RedisServer::stop) or
-    /// [`restart`](RedisServer::restart) it (it comes back with its slots, without data).
+    /// [`restart`](RedisServer::restart) it (it comes back with its slots, without data; then
+    /// call [`wait_until_ok`](Self::wait_until_ok)).
     ///
     /// # Panics
     ///

@@ -4,8 +4,8 @@
 //! Everything binds to and talks to `127.0.0.1` only. Each server runs in its own temporary
 //! directory and its own process group, and is killed (with the whole group) and reaped when
 //! its handle is dropped, also while a test panics. A small watchdog shell process per server
-//! kills it too if the test process itself dies without running destructors (killed, `abort`,
-//! a server kept in a `static`).
+//! kills it too, and removes its directory, within about a second of the test process dying
+//! without running destructors (SIGKILL, `abort`, a server kept in a `static`).
 //!
 //! Many tests in one process and several test binaries in parallel can each start their own
 //! servers: ports are chosen free, never handed out twice by one process, and a start that loses

@@ -19,11 +19,12 @@ const PORT_ATTEMPTS: usize = 20;
 /// How long a restart keeps retrying its own port while something else holds it.
 const RESTART_PORT_WAIT: Duration = Duration::from_secs(5);
 
-/// Kills the server's process group once the test process (`$1`) is gone; exits as soon as
-/// the server (`$2`) is gone.
+/// Once the test process (`$1`) is gone, kills the server's process group (`$2`) and removes
+/// its directory (`$3`); exits as soon as the server is gone.
 const WATCHDOG: &str = "while kill -0 \"$1\" 2>/dev/null; do \
      kill -0 \"$2\" 2>/dev/null || exit 0; sleep 1; done; \
-     kill -s KILL -- \"-$2\" 2>/dev/null; kill -s KILL \"$2\" 2>/dev/null";
+     kill -s KILL -- \"-$2\" 2>/dev/null; kill -s KILL \"$2\" 2>/dev/null; \
+     sleep 0.2; rm -rf -- \"$3\"";
 
 /// A `redis-server` on a free port of 127.0.0.1, with its own temporary directory, killed and
 /// reaped (with its process group) when dropped.
@@ -107,7 +108,7 @@ impl RedisServer {
     pub(crate) fn start_inner(extra: Vec<String>, cluster: bool) -> io::Result<RedisServer> {
         crate::require_redis();
         let password = password_of(&extra);
-        let mut dir = TempDir::new("redis")?;
+        let mut dir = TempDir::new("testsupport-redis")?;
         let mut last_error = None;
         for _ in 0..PORT_ATTEMPTS {
             let port = ports::reserve_free(cluster)?;
@@ -138,7 +139,7 @@ impl RedisServer {
 
     /// Swaps in a fresh directory for this (about to be dropped) server, returning its own.
     fn take_dir(&mut self) -> io::Result<TempDir> {
-        let fresh = TempDir::new("redis")?;
+        let fresh = TempDir::new("testsupport-redis")?;
         Ok(std::mem::replace(&mut self.dir, fresh))
     }
 
@@ -296,6 +297,7 @@ impl RedisServer {
             .args(["-c", WATCHDOG, "fairlock-redis-watchdog"])
             .arg(std::process::id().to_string())
             .arg(child.id().to_string())
+            .arg(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -12,18 +12,6 @@ fn process_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Waits up to `within` for `condition`.
-fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if condition() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    condition()
-}
-
 #[test]
 fn redis_is_installed() {
     require_redis();
@@ -245,13 +233,11 @@ fn cluster_node_restart_keeps_its_slots_and_loses_its_data() {
     let owner = cluster.node_for_key("k").unwrap();
     assert_eq!(cluster.cli(owner, &["SET", "k", "v"]).unwrap(), "OK");
     cluster.node_mut(owner).restart().unwrap();
-    assert!(eventually(Duration::from_secs(15), || {
-        (0..3).all(|i| {
-            cluster
-                .cli(i, &["CLUSTER", "INFO"])
-                .is_ok_and(|info| info.contains("cluster_state:ok"))
-        })
-    }));
+    cluster.wait_until_ok().unwrap();
+    for i in 0..3 {
+        let info = cluster.cli(i, &["CLUSTER", "INFO"]).unwrap();
+        assert!(info.contains("cluster_state:ok"), "{info}");
+    }
     assert_eq!(cluster.node_for_key("k").unwrap(), owner);
     assert_eq!(cluster.cli(owner, &["GET", "k"]).unwrap(), "");
 }
