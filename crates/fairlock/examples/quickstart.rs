@@ -42,7 +42,9 @@ async fn main() -> fairlock::Result<()> {
 
     // Nobody barges: try_lock is refused while workers wait.
     match client.fair_lock(name)?.try_lock().await {
-        Err(Error::WouldBlock { .. }) => println!("try_lock refused: the lock is held and has waiters"),
+        Err(Error::WouldBlock { .. }) => {
+            println!("try_lock refused: the lock is held and has waiters")
+        }
         other => println!("unexpected: {other:?}"),
     }
 
@@ -58,7 +60,10 @@ async fn main() -> fairlock::Result<()> {
     // The holder releases one level and still holds the lock...
     inner.unlock().await?;
     let holder = client.state(name).await?.holder.expect("still held");
-    println!("holder   released one level, hold count now {}", holder.hold_count);
+    println!(
+        "holder   released one level, hold count now {}",
+        holder.hold_count
+    );
 
     // ...then hangs. An operator frees it; the first worker in line gets it.
     let was_held = client.force_unlock(name).await?;
@@ -70,7 +75,10 @@ async fn main() -> fairlock::Result<()> {
     // The old holder's guard learns that its lease is gone at its next contact with the store
     // (the watchdog checks every third of the lease; here an explicit extend).
     if let Err(Error::LeaseLost { .. }) = outer.extend(Duration::from_secs(30)).await {
-        println!("holder   extend refused, lease-lost signal raised: {}", outer.is_lease_lost());
+        println!(
+            "holder   extend refused, lease-lost signal raised: {}",
+            outer.is_lease_lost()
+        );
     }
     match outer.unlock().await {
         Err(Error::LeaseLost { .. }) => println!("holder   unlock reports the lease was lost"),

@@ -112,8 +112,13 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Sets the lease of `owner`'s hold with fencing token `token` to `lease` from now (and
     /// confirms it if it is a pending grant). Returns `false`, changing nothing, if `owner`
     /// does not hold the lock with that token.
-    async fn extend(&self, name: &LockName, owner: &Owner, token: u64, lease: Duration)
-        -> Result<bool>;
+    async fn extend(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        lease: Duration,
+    ) -> Result<bool>;
 
     /// Removes `owner` from the queue (a waiter gives up), and releases a pending grant made
     /// to `owner`. Succeeds when `owner` was not queued.

@@ -51,7 +51,12 @@ impl LockGuard {
     ) -> Self {
         let lease = LeaseState::new(deadline);
         let keeper = runtime
-            .spawn(lease::keep(shared.clone(), grant.token, lease.clone(), confirm))
+            .spawn(lease::keep(
+                shared.clone(),
+                grant.token,
+                lease.clone(),
+                confirm,
+            ))
             .abort_handle();
         LockGuard {
             shared,
@@ -178,10 +183,14 @@ impl LockGuard {
         self.keeper.abort();
         let shared = self.shared.clone();
         let token = self.grant.token;
-        let span = info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
+        let span =
+            info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
         self.runtime.spawn(
             async move {
-                let outcome = shared.backend.release(&shared.name, &shared.owner, token).await;
+                let outcome = shared
+                    .backend
+                    .release(&shared.name, &shared.owner, token)
+                    .await;
                 match outcome {
                     Ok(ReleaseOutcome::Released { remaining }) => {
                         debug!(remaining, "released");

@@ -54,7 +54,12 @@ impl LeaseState {
 /// fixed lease it only confirms a hand-over (if `confirm`) and then watches the deadline.
 /// Either way it flags the lease lost when the deadline passes unrenewed or the store says
 /// we are no longer the holder. Aborted when the guard is released.
-pub(crate) async fn keep(shared: Arc<LockShared>, token: u64, state: Arc<LeaseState>, confirm: bool) {
+pub(crate) async fn keep(
+    shared: Arc<LockShared>,
+    token: u64,
+    state: Arc<LeaseState>,
+    confirm: bool,
+) {
     let watchdog = shared.options.lease.is_none();
     let lease = shared.options.effective_lease();
     let mut deadline_rx = state.deadline.subscribe();

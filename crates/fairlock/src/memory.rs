@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::backend::{
     AcquireOutcome, AcquireRequest, Grant, HolderState, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Wake, WaiterState, WakeSender, Watch,
+    ReleaseOutcome, WaiterState, Wake, WakeSender, Watch,
 };
 use crate::error::Result;
 use crate::name::{LockName, Owner};
@@ -171,7 +171,14 @@ impl Store {
             pending: Some(waiter.ttl),
         });
         self.last_token = token;
-        self.wake(name, &waiter.owner, Wake::Granted(Grant { token, hold_count: 1 }));
+        self.wake(
+            name,
+            &waiter.owner,
+            Wake::Granted(Grant {
+                token,
+                hold_count: 1,
+            }),
+        );
     }
 
     fn wake(&mut self, name: &LockName, owner: &Owner, wake: Wake) {
@@ -235,9 +242,18 @@ impl Store {
         }
     }
 
-    fn release(&mut self, name: &LockName, owner: &Owner, token: u64, now: Instant) -> ReleaseOutcome {
+    fn release(
+        &mut self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        now: Instant,
+    ) -> ReleaseOutcome {
         let entry = self.entry(name, now);
-        let Some(holder) = entry.holder.as_mut().filter(|h| h.owner == *owner && h.token == token)
+        let Some(holder) = entry
+            .holder
+            .as_mut()
+            .filter(|h| h.owner == *owner && h.token == token)
         else {
             self.tidy(name);
             return ReleaseOutcome::NotHeld;
@@ -252,7 +268,14 @@ impl Store {
         ReleaseOutcome::Released { remaining }
     }
 
-    fn extend(&mut self, name: &LockName, owner: &Owner, token: u64, lease: Duration, now: Instant) -> bool {
+    fn extend(
+        &mut self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        lease: Duration,
+        now: Instant,
+    ) -> bool {
         let entry = self.entry(name, now);
         let extended = match entry.holder.as_mut() {
             Some(holder) if holder.owner == *owner && holder.token == token => {
@@ -324,7 +347,9 @@ impl MemoryBackend {
     fn store(&self) -> MutexGuard<'_, Store> {
         // A panic while holding this mutex can only come from a bug in this module; the data
         // is still consistent per operation, so keep going rather than poison every caller.
-        self.shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -365,7 +390,9 @@ impl LockBackend for MemoryBackend {
         token: u64,
         lease: Duration,
     ) -> Result<bool> {
-        Ok(self.store().extend(name, owner, token, lease, Instant::now()))
+        Ok(self
+            .store()
+            .extend(name, owner, token, lease, Instant::now()))
     }
 
     async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
@@ -408,7 +435,11 @@ impl LockBackend for MemoryBackend {
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         let (sender, watch) = Watch::channel();
         let key = (name.clone(), owner.clone());
-        self.store().watchers.entry(key.clone()).or_default().push(sender);
+        self.store()
+            .watchers
+            .entry(key.clone())
+            .or_default()
+            .push(sender);
         Ok(watch.with_registration(Registration {
             shared: Arc::downgrade(&self.shared),
             key,

@@ -87,7 +87,10 @@ impl Owner {
             ));
         }
         if id.chars().any(char::is_control) {
-            return Err(Error::invalid("owner", "must not contain control characters"));
+            return Err(Error::invalid(
+                "owner",
+                "must not contain control characters",
+            ));
         }
         Ok(Owner(id.into()))
     }
@@ -121,13 +124,26 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        assert!(matches!(LockName::new(""), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            LockName::new(""),
+            Err(Error::InvalidArgument { .. })
+        ));
         assert!(matches!(
             LockName::new("x".repeat(MAX_NAME_LEN + 1)),
             Err(Error::InvalidArgument { .. })
         ));
-        assert!(matches!(LockName::new("a\0b"), Err(Error::InvalidArgument { .. })));
-        for ok in ["a", "{a}", "a:b c", "line\nbreak", "größe", &"x".repeat(MAX_NAME_LEN)] {
+        assert!(matches!(
+            LockName::new("a\0b"),
+            Err(Error::InvalidArgument { .. })
+        ));
+        for ok in [
+            "a",
+            "{a}",
+            "a:b c",
+            "line\nbreak",
+            "größe",
+            &"x".repeat(MAX_NAME_LEN),
+        ] {
             assert_eq!(LockName::new(ok).unwrap().as_str(), ok);
         }
     }
@@ -135,7 +151,10 @@ mod tests {
     #[test]
     fn owners_are_checked() {
         assert!(matches!(Owner::new(""), Err(Error::InvalidArgument { .. })));
-        assert!(matches!(Owner::new("a\nb"), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            Owner::new("a\nb"),
+            Err(Error::InvalidArgument { .. })
+        ));
         assert!(Owner::new("job 42").is_ok());
         assert_ne!(Owner::unique(), Owner::unique());
     }

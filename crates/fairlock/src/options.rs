@@ -107,24 +107,46 @@ mod tests {
     #[test]
     fn bad_durations_are_rejected() {
         let cases = [
-            LockOptions { lease: Some(Duration::ZERO), ..Default::default() },
-            LockOptions { lease: Some(Duration::from_micros(999)), ..Default::default() },
-            LockOptions { lease: Some(Duration::MAX), ..Default::default() },
-            LockOptions { watchdog_lease: Duration::ZERO, ..Default::default() },
-            LockOptions { waiter_ttl: Duration::from_millis(1), ..Default::default() },
-            LockOptions { waiter_ttl: MAX_DURATION + Duration::from_secs(1), ..Default::default() },
+            LockOptions {
+                lease: Some(Duration::ZERO),
+                ..Default::default()
+            },
+            LockOptions {
+                lease: Some(Duration::from_micros(999)),
+                ..Default::default()
+            },
+            LockOptions {
+                lease: Some(Duration::MAX),
+                ..Default::default()
+            },
+            LockOptions {
+                watchdog_lease: Duration::ZERO,
+                ..Default::default()
+            },
+            LockOptions {
+                waiter_ttl: Duration::from_millis(1),
+                ..Default::default()
+            },
+            LockOptions {
+                waiter_ttl: MAX_DURATION + Duration::from_secs(1),
+                ..Default::default()
+            },
         ];
         for options in cases {
             let err = options.validate().unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument { .. }), "{options:?}: {err}");
+            assert!(
+                matches!(err, Error::InvalidArgument { .. }),
+                "{options:?}: {err}"
+            );
         }
     }
 
     #[test]
     fn deserializes_human_durations() {
-        let o: LockOptions =
-            serde_json::from_str(r#"{"lease":"1m 30s","watchdog_lease":"10s","waiter_ttl":"500ms"}"#)
-                .unwrap();
+        let o: LockOptions = serde_json::from_str(
+            r#"{"lease":"1m 30s","watchdog_lease":"10s","waiter_ttl":"500ms"}"#,
+        )
+        .unwrap();
         assert_eq!(o.lease, Some(Duration::from_secs(90)));
         assert_eq!(o.watchdog_lease, Duration::from_secs(10));
         assert_eq!(o.waiter_ttl, Duration::from_millis(500));

@@ -42,7 +42,9 @@ pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<Lock
     let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
     let span = info_span!("fairlock.acquire", lock = %shared.name, owner = %shared.owner);
     let started = Instant::now();
-    let result = acquire_inner(shared, wait, runtime, started).instrument(span.clone()).await;
+    let result = acquire_inner(shared, wait, runtime, started)
+        .instrument(span.clone())
+        .await;
     let _enter = span.enter();
     match &result {
         Ok(guard) => info!(
@@ -51,7 +53,9 @@ pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<Lock
             hold_count = guard.hold_count(),
             "acquired"
         ),
-        Err(err) => debug!(waited_us = started.elapsed().as_micros() as u64, error = %err, "not acquired"),
+        Err(err) => {
+            debug!(waited_us = started.elapsed().as_micros() as u64, error = %err, "not acquired")
+        }
     }
     result
 }
@@ -70,7 +74,13 @@ async fn acquire_inner(
             return match attempt.call(false).await? {
                 AcquireOutcome::Granted(grant) => {
                     attempt.finish();
-                    Ok(LockGuard::new(shared.clone(), grant, sent + lease, false, runtime))
+                    Ok(LockGuard::new(
+                        shared.clone(),
+                        grant,
+                        sent + lease,
+                        false,
+                        runtime,
+                    ))
                 }
                 AcquireOutcome::Queued { .. } | AcquireOutcome::Busy => Err(Error::WouldBlock {
                     name: shared.name.to_string(),
@@ -107,7 +117,13 @@ async fn acquire_inner(
         let (retry_after, last_token) = match outcome {
             AcquireOutcome::Granted(grant) => {
                 attempt.finish();
-                return Ok(LockGuard::new(shared.clone(), grant, sent + lease, false, runtime));
+                return Ok(LockGuard::new(
+                    shared.clone(),
+                    grant,
+                    sent + lease,
+                    false,
+                    runtime,
+                ));
             }
             AcquireOutcome::Queued {
                 retry_after,
@@ -189,9 +205,10 @@ impl Attempt {
             queue,
         };
         self.queued |= queue;
-        let call = self
-            .in_flight
-            .insert(self.runtime.spawn(async move { shared.backend.acquire(&request).await }));
+        let call = self.in_flight.insert(
+            self.runtime
+                .spawn(async move { shared.backend.acquire(&request).await }),
+        );
         let joined = call.await;
         self.in_flight = None;
         joined.map_err(|join| Error::Backend {
