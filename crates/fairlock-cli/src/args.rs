@@ -56,8 +56,8 @@ pub(crate) struct Cli {
 /// Options that say which store to use; accepted before or after the subcommand.
 #[derive(Debug, Args)]
 pub(crate) struct StoreArgs {
-    /// Redis URL: redis://[user:pass@]host:port[/db], rediss:// for TLS, redis-cluster:// for a
-    /// cluster.
+    /// Redis URL: redis://host:port or redis://user:pass@host:port/db; rediss:// for TLS,
+    /// redis-cluster:// for a cluster.
     #[arg(
         long,
         env = "FAIRLOCK_URL",
