@@ -145,7 +145,9 @@ pub(crate) struct ForceUnlockArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ListArgs {
     /// Only locks whose names start with this.
-    #[arg(default_value = "")]
+    // Its own id: clap would otherwise merge it with the global `--prefix` (the key prefix)
+    // and every `list` would scan for keys under the wrong prefix.
+    #[arg(id = "name_prefix", value_name = "PREFIX", default_value = "")]
     pub(crate) prefix: String,
     /// Print JSON (see docs/cli.md for the fields).
     #[arg(long)]
@@ -240,5 +242,22 @@ mod tests {
         assert!(
             Cli::try_parse_from(["fairlock", "exec", "job", "--wiat", "1s", "--", "true"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_key_prefix_and_the_list_filter_stay_apart() {
+        let cli = Cli::try_parse_from(["fairlock", "list", "app-"]).unwrap();
+        assert_eq!(cli.store.prefix, None);
+        let Command::List(list) = cli.command else {
+            panic!("not list")
+        };
+        assert_eq!(list.prefix, "app-");
+
+        let cli = Cli::try_parse_from(["fairlock", "--prefix", "k:", "list"]).unwrap();
+        assert_eq!(cli.store.prefix.as_deref(), Some("k:"));
+        let Command::List(list) = cli.command else {
+            panic!("not list")
+        };
+        assert_eq!(list.prefix, "");
     }
 }

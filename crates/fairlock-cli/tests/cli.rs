@@ -327,7 +327,6 @@ fn status_reports_holder_and_waiters_as_json() {
 }
 
 #[test]
-#[ignore = "fairlock-redis bug: list() finds nothing on a standalone server (SCAN pattern reaches Redis without the key prefix); un-ignore once fixed"]
 fn list_reports_held_and_waited_locks_as_json() {
     let world = World::new();
     let holder = world.hold_until_gate("app-deploy", &[]);
