@@ -7,3 +7,7 @@ quickstart:
 # Install what is missing, then run every check and test of the workspace.
 test:
     ./scripts/test.sh
+
+# Benchmarks against the round-trip limit on a private redis-server (docs/performance.md).
+bench *ARGS:
+    ./scripts/bench.sh {{ARGS}}

@@ -5,20 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v redis-cli >/dev/null || missing+=(redis-tools)
-command -v faketime >/dev/null || missing+=(faketime)
-if ((${#missing[@]})); then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "missing: ${missing[*]}. Install them (Debian: sudo apt-get install -y ${missing[*]}) and re-run." >&2
-    exit 1
-  fi
-fi
+./scripts/install-deps.sh
 for component in rustfmt clippy; do
   if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
     rustup component add "$component"
