@@ -108,6 +108,10 @@ impl RedisBackendBuilder {
 
     /// Connects the pool and the subscriber connection.
     ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future closes whatever connections it had opened (in the
+    /// background), so nothing keeps reconnecting.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a malformed URL or prefix; [`Error::Unavailable`]
     /// (naming the servers, never the password) if no connection is made within the
@@ -160,24 +164,25 @@ impl RedisBackendBuilder {
         let subscriber = builder.build_subscriber_client().map_err(build_error)?;
 
         let limit = self.connect_timeout + Duration::from_millis(500);
+        // fred's connection tasks outlive their handles and reconnect forever: whatever
+        // ends this call early (an error, a timeout, the caller dropping it) must quit them.
+        let mut cleanup = QuitOnDrop(Some((pool.clone(), subscriber.clone())));
         let connected = async {
             pool.init().await?;
             subscriber.init().await?;
             Ok::<_, fred::error::Error>(())
         };
-        let outcome = match tokio::time::timeout(limit, connected).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(unavailable(&endpoint, error)),
-            Err(_) => Err(unavailable(
-                &endpoint,
-                format!("no connection within {limit:?}"),
-            )),
-        };
-        if let Err(error) = outcome {
-            let _ = pool.quit().await;
-            let _ = subscriber.quit().await;
-            return Err(error);
+        match tokio::time::timeout(limit, connected).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(unavailable(&endpoint, error)),
+            Err(_) => {
+                return Err(unavailable(
+                    &endpoint,
+                    format!("no connection within {limit:?}"),
+                ))
+            }
         }
+        cleanup.0 = None;
         Ok(RedisBackend::assemble(
             pool,
             subscriber,
@@ -186,6 +191,24 @@ impl RedisBackendBuilder {
             true,
             self.subscription_linger,
         ))
+    }
+}
+
+/// Quits the connections it holds when dropped, unless emptied first.
+struct QuitOnDrop(Option<(Pool, SubscriberClient)>);
+
+impl Drop for QuitOnDrop {
+    fn drop(&mut self) {
+        let Some((pool, subscriber)) = self.0.take() else {
+            return;
+        };
+        // `connect` only runs inside a runtime, so there is one to quit on.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = subscriber.quit().await;
+                let _ = pool.quit().await;
+            });
+        }
     }
 }
 

@@ -69,6 +69,9 @@ struct Inner {
 impl RedisBackend {
     /// Connects to `url` with the default settings (see [`RedisBackend::builder`]).
     ///
+    /// # Cancel safety
+    /// Cancel safe, as [`RedisBackendBuilder::connect`].
+    ///
     /// # Errors
     /// [`fairlock::Error::InvalidArgument`] for a malformed URL;
     /// [`fairlock::Error::Unavailable`] if the server cannot be reached within 5 s.

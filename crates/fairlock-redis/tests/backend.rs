@@ -452,6 +452,43 @@ async fn an_unreachable_server_is_unavailable_and_named() {
     assert!(!err.to_string().contains("secret"), "{err}");
 }
 
+/// The clients connected to `server`, not counting the `redis-cli` that asks.
+fn clients_of(server: &Server) -> usize {
+    server.cli(&["CLIENT", "LIST"]).lines().count() - 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_connect_leaves_no_connection_behind() {
+    let server = Server::start();
+    // A stopped server accepts TCP connections (the kernel does) but never answers, so
+    // `connect` hangs halfway, with fred's connection tasks already running.
+    server.0.pause_process().unwrap();
+    let connect = RedisBackend::builder(server.url())
+        .connect_timeout(Duration::from_secs(30))
+        .connect();
+    assert!(tokio::time::timeout(Duration::from_millis(300), connect)
+        .await
+        .is_err());
+    server.0.resume_process().unwrap();
+    // Before the fix the abandoned clients reconnected and stayed; now they quit.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let clients = clients_of(&server);
+        if clients == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{clients} connections left: {}",
+            server.cli(&["CLIENT", "LIST"])
+        );
+    }
+    // Stays at zero: nothing reconnects later.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(clients_of(&server), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_keep_growing_after_the_server_loses_its_data() {
     let server = Server::start();
