@@ -2,3 +2,7 @@
 //!
 //! Every test starts its own `redis-server` on a free loopback port through
 //! `fairlock-testsupport` and stops it when done; nothing reaches any other address.
+
+pub mod contender;
+pub mod protocol;
+pub mod store_view;
