@@ -1,9 +1,10 @@
 //! Waiting for a lock: the one acquire loop every backend shares, and what cancelling it undoes.
 //!
-//! The loop: register for wake-ups first (so no wake-up between the check and the
-//! registration is missed), then call `acquire` until granted. Between calls it waits for a
-//! wake-up, the backend's `retry_after` hint, or the heartbeat (`waiter_ttl / 3`), whichever
-//! comes first; each call refreshes the waiter's liveness deadline, so a lost wake-up costs at
+//! The loop: one `acquire` that does not queue (the uncontended case ends there, in one round
+//! trip); if that is refused, register for wake-ups (before queueing, so no wake-up between
+//! the check and the registration is missed), then call `acquire` until granted. Between
+//! calls it waits for a wake-up, the backend's `retry_after` hint, or the heartbeat
+//! (`waiter_ttl / 3`), whichever comes first; each call refreshes the waiter's liveness deadline, so a lost wake-up costs at
 //! most one heartbeat.
 //!
 //! Cancellation: every `acquire` call runs in its own task, so it completes even if the
@@ -69,25 +70,7 @@ async fn acquire_inner(
     let lease = shared.options.effective_lease();
     let mut attempt = Attempt::new(shared.clone(), runtime.clone());
     let deadline = match wait {
-        Wait::No | Wait::AtMost(Duration::ZERO) => {
-            let sent = Instant::now();
-            return match attempt.call(false).await? {
-                AcquireOutcome::Granted(grant) => {
-                    attempt.finish();
-                    Ok(LockGuard::new(
-                        shared.clone(),
-                        grant,
-                        sent + lease,
-                        false,
-                        runtime,
-                    ))
-                }
-                AcquireOutcome::Queued { .. } | AcquireOutcome::Busy => Err(Error::WouldBlock {
-                    name: shared.name.to_string(),
-                }),
-            };
-        }
-        Wait::Forever => None,
+        Wait::No | Wait::AtMost(Duration::ZERO) | Wait::Forever => None,
         Wait::AtMost(wait) => Some(started + wait),
     };
     let timed_out = |attempt: Attempt| async move {
@@ -100,6 +83,33 @@ async fn acquire_inner(
             waited: started.elapsed(),
         })
     };
+
+    // First a call that never queues: a free lock with nobody waiting is granted in one round
+    // trip, without registering for wake-ups. Only a caller that must wait registers, and it
+    // does so before the call that queues it, so no wake-up can slip between the two.
+    let sent = Instant::now();
+    let first = match deadline {
+        None => attempt.call(false).await?,
+        Some(deadline) => match timeout_at(deadline, attempt.call(false)).await {
+            Ok(outcome) => outcome?,
+            Err(_elapsed) => return timed_out(attempt).await,
+        },
+    };
+    if let AcquireOutcome::Granted(grant) = first {
+        attempt.finish();
+        return Ok(LockGuard::new(
+            shared.clone(),
+            grant,
+            sent + lease,
+            false,
+            runtime,
+        ));
+    }
+    if matches!(wait, Wait::No | Wait::AtMost(Duration::ZERO)) {
+        return Err(Error::WouldBlock {
+            name: shared.name.to_string(),
+        });
+    }
 
     let ttl = shared.options.waiter_ttl;
     let heartbeat = ttl / 3;

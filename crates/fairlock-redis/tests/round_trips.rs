@@ -1,0 +1,57 @@
+//! What the user API costs in Redis commands: an uncontended `lock()` is one script call and
+//! subscribes to nothing; only a caller that has to wait subscribes to wake-ups.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use fairlock::LockClient;
+use fairlock_redis::RedisBackend;
+
+/// How many times the server has run `command` (lower case, as `INFO commandstats` names it).
+fn calls(server: &Server, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_caller_that_waits_subscribes() {
+    let server = Server::start();
+    let client = LockClient::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let name = common::name();
+    let holder = client.fair_lock(name.as_str()).unwrap();
+    let waiter = client.fair_lock(name.as_str()).unwrap();
+
+    let scripts = calls(&server, "evalsha");
+    let guard = holder.lock().await.unwrap();
+    assert_eq!(calls(&server, "evalsha") - scripts, 1, "one acquire script");
+    assert_eq!(
+        calls(&server, "ssubscribe"),
+        0,
+        "free lock: no subscription"
+    );
+
+    let waiting = tokio::spawn(async move { waiter.lock().await.map(|g| g.fencing_token()) });
+    let started = std::time::Instant::now();
+    while calls(&server, "ssubscribe") == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let token = guard.fencing_token();
+    guard.unlock().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.unwrap() > token);
+    assert_eq!(calls(&server, "ssubscribe"), 1);
+}
