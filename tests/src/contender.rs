@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::protocol::Event;
+use crate::protocol::{epoch_ns, Event};
 
 /// How to run one contender. Unset durations keep fairlock's defaults.
 #[derive(Clone, Debug, Default)]
@@ -59,6 +59,8 @@ pub struct Contender {
     stderr: Arc<Mutex<String>>,
     history: Vec<Line>,
     clock_offset_ns: i128,
+    /// When [`kill`](Contender::kill) had reaped it (real wall clock, ns).
+    killed_ns: Option<u128>,
     reaped: bool,
 }
 
@@ -159,6 +161,7 @@ impl Contender {
             stderr,
             history: Vec::new(),
             clock_offset_ns: i128::from(spec.clock_offset_secs.unwrap_or(0)) * 1_000_000_000,
+            killed_ns: None,
             reaped: false,
         }
     }
@@ -229,8 +232,9 @@ impl Contender {
     }
 
     /// Its holds so far, `[ACQ, REL]` with times converted to the real wall clock (its
-    /// `faketime` offset taken off), in the order it made them. A hold not yet released ends
-    /// at `u128::MAX`.
+    /// `faketime` offset taken off), in the order it made them. A hold it never released ends
+    /// when [`kill`](Self::kill) had reaped it (a dead process runs no critical section), or
+    /// at `u128::MAX` while it lives.
     pub fn holds(&mut self) -> Vec<Hold> {
         self.drain();
         let real = |fake: u128| {
@@ -249,7 +253,7 @@ impl Contender {
                     seq,
                     token,
                     start_ns: real(epoch_ns),
-                    end_ns: u128::MAX,
+                    end_ns: self.killed_ns.unwrap_or(u128::MAX),
                 }),
                 Event::Rel { seq, epoch_ns } => {
                     let hold = holds.iter_mut().rev().find(|h| h.seq == seq);
@@ -284,6 +288,7 @@ impl Contender {
     pub fn kill(&mut self) -> Instant {
         let at = Instant::now();
         self.kill_and_reap();
+        self.killed_ns = Some(epoch_ns());
         at
     }
 
