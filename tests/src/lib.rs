@@ -4,5 +4,7 @@
 //! `fairlock-testsupport` and stops it when done; nothing reaches any other address.
 
 pub mod contender;
+pub mod holds;
 pub mod protocol;
+pub mod redis_env;
 pub mod store_view;
