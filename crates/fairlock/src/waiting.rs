@@ -87,7 +87,6 @@ async fn acquire_inner(
     // First a call that never queues: a free lock with nobody waiting is granted in one round
     // trip, without registering for wake-ups. Only a caller that must wait registers, and it
     // does so before the call that queues it, so no wake-up can slip between the two.
-    let sent = Instant::now();
     let first = match deadline {
         None => attempt.call(false).await?,
         Some(deadline) => match timeout_at(deadline, attempt.call(false)).await {
@@ -95,12 +94,12 @@ async fn acquire_inner(
             Err(_elapsed) => return timed_out(attempt).await,
         },
     };
-    if let AcquireOutcome::Granted(grant) = first {
+    if let (AcquireOutcome::Granted(grant), proven) = first {
         attempt.finish();
         return Ok(LockGuard::new(
             shared.clone(),
             grant,
-            sent + lease,
+            proven + lease,
             false,
             runtime,
         ));
@@ -125,21 +124,24 @@ async fn acquire_inner(
             },
         };
         let (retry_after, last_token) = match outcome {
-            AcquireOutcome::Granted(grant) => {
+            (AcquireOutcome::Granted(grant), proven) => {
                 attempt.finish();
                 return Ok(LockGuard::new(
                     shared.clone(),
                     grant,
-                    sent + lease,
+                    proven + lease,
                     false,
                     runtime,
                 ));
             }
-            AcquireOutcome::Queued {
-                retry_after,
-                last_token,
-            } => (retry_after, last_token),
-            AcquireOutcome::Busy => (None, u64::MAX),
+            (
+                AcquireOutcome::Queued {
+                    retry_after,
+                    last_token,
+                },
+                _,
+            ) => (retry_after, last_token),
+            (AcquireOutcome::Busy, _) => (None, u64::MAX),
         };
         let mut next_check = sent + heartbeat;
         if let Some(retry_after) = retry_after {
@@ -181,12 +183,70 @@ async fn acquire_inner(
     }
 }
 
+/// A grant whose reply took longer than this share of the lease is confirmed with an `extend`
+/// before it is handed out (see [`acquire_fresh`]).
+const LATE_GRANT_DIVISOR: u32 = 3;
+
+/// `acquire`, returning with the outcome the moment from which a grant's lease is counted
+/// locally (the guard's deadline is that moment plus the lease).
+///
+/// That moment is when the request was sent: the store may have granted it at once and the
+/// reply been slow. So a reply that took long (a store paused, restarted or unreachable for a
+/// while, its client holding the request until it could be sent) would give a guard whose
+/// lease had run out, or nearly, before the caller even saw it: `lease_lost()` would fire at
+/// once although the store had just granted a full lease. Instead, a late grant is renewed
+/// with `extend` first, and counted from that request. If the store no longer has it, the outcome
+/// is "look again" (queued, with nothing to wait for); if the store cannot be asked, the grant
+/// is given back and the error returned.
+async fn acquire_fresh(
+    shared: &LockShared,
+    request: &AcquireRequest,
+) -> Result<(AcquireOutcome, Instant)> {
+    let sent = Instant::now();
+    let outcome = shared.backend.acquire(request).await?;
+    let AcquireOutcome::Granted(grant) = outcome else {
+        return Ok((outcome, sent));
+    };
+    if sent.elapsed() <= request.lease / LATE_GRANT_DIVISOR {
+        return Ok((AcquireOutcome::Granted(grant), sent));
+    }
+    let resent = Instant::now();
+    let extended = shared
+        .backend
+        .extend(&shared.name, &shared.owner, grant.token, request.lease)
+        .await;
+    match extended {
+        Ok(true) => {
+            debug!(token = grant.token, "a late grant was renewed before use");
+            Ok((AcquireOutcome::Granted(grant), resent))
+        }
+        Ok(false) => {
+            debug!(
+                token = grant.token,
+                "a late grant had already ended; looking again"
+            );
+            let again = AcquireOutcome::Queued {
+                retry_after: Some(Duration::ZERO),
+                last_token: grant.token,
+            };
+            Ok((again, sent))
+        }
+        Err(err) => {
+            let _ = shared
+                .backend
+                .release(&shared.name, &shared.owner, grant.token)
+                .await;
+            Err(err)
+        }
+    }
+}
+
 /// One caller's acquisition in progress, and what must be undone if it is abandoned.
 struct Attempt {
     shared: Arc<LockShared>,
     runtime: Handle,
     /// The `acquire` call running in its own task, if one is in flight.
-    in_flight: Option<JoinHandle<Result<AcquireOutcome>>>,
+    in_flight: Option<JoinHandle<Result<(AcquireOutcome, Instant)>>>,
     /// We asked to queue, so we may be in the queue or hold a pending hand-over.
     queued: bool,
     finished: bool,
@@ -203,9 +263,10 @@ impl Attempt {
         }
     }
 
-    /// One `acquire` call. If this future is dropped, the call still completes and
+    /// One `acquire` call, with the moment the request that proves a grant's lease was sent
+    /// (see [`acquire_fresh`]). If this future is dropped, the call still completes and
     /// [`Attempt::abandon`] undoes it.
-    async fn call(&mut self, queue: bool) -> Result<AcquireOutcome> {
+    async fn call(&mut self, queue: bool) -> Result<(AcquireOutcome, Instant)> {
         let shared = self.shared.clone();
         let request = AcquireRequest {
             name: shared.name.clone(),
@@ -217,7 +278,7 @@ impl Attempt {
         self.queued |= queue;
         let call = self.in_flight.insert(
             self.runtime
-                .spawn(async move { shared.backend.acquire(&request).await }),
+                .spawn(async move { acquire_fresh(&shared, &request).await }),
         );
         let joined = call.await;
         self.in_flight = None;
@@ -252,7 +313,7 @@ impl Attempt {
         Some(self.runtime.spawn(
             async move {
                 if let Some(call) = in_flight {
-                    if let Ok(Ok(AcquireOutcome::Granted(Grant { token, .. }))) = call.await {
+                    if let Ok(Ok((AcquireOutcome::Granted(Grant { token, .. }), _))) = call.await {
                         debug!(token, "giving back a grant that arrived after its caller left");
                         let _ = shared.backend.release(&shared.name, &shared.owner, token).await;
                     }
