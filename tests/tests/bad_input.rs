@@ -444,8 +444,7 @@ async fn servers_that_are_not_there_or_not_redis_fail_in_bounded_time() {
             .connect(),
     )
     .await
-    .err()
-    .expect("connected to nothing");
+    .expect_err("connected to nothing");
     assert!(
         matches!(&err, Error::Unavailable { endpoint, .. } if *endpoint == format!("127.0.0.1:{port}")),
         "{err:?}"
@@ -478,9 +477,7 @@ async fn servers_that_are_not_there_or_not_redis_fail_in_bounded_time() {
                 .connect(),
         )
         .await;
-        let err = result
-            .err()
-            .expect("connected to something that is not Redis");
+        let err = result.expect_err("connected to something that is not Redis");
         assert!(
             matches!(err, Error::Unavailable { .. } | Error::Backend { .. }),
             "garbage={garbage}: {err:?}"
