@@ -2,6 +2,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -39,7 +40,10 @@ impl World {
             .arg("--url")
             .arg(self.server.url())
             .args(args)
-            .current_dir(self.dir.path());
+            .current_dir(self.dir.path())
+            // A group of its own, so a test that ends early can kill the command that
+            // `fairlock exec` started too, not only `fairlock`.
+            .process_group(0);
         command
     }
 
@@ -136,7 +140,7 @@ impl Running {
         match receiver.recv_timeout(limit) {
             Ok(output) => output.unwrap(),
             Err(_) => {
-                let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                kill_group(pid);
                 panic!("fairlock still runs after {limit:?}");
             }
         }
@@ -156,10 +160,19 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let Some(child) = &mut self.0 {
+            kill_group(child.id());
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+/// SIGKILLs the process group led by `pid`: a `fairlock` and the command it runs.
+fn kill_group(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Polls `condition` every 10 ms; panics if it is still false after `limit`.
