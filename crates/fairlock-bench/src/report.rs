@@ -72,6 +72,26 @@ pub(crate) struct Section {
     pub(crate) notes: Vec<String>,
 }
 
+/// The sections in the order the report shows and numbers them (the figures 1-7),
+/// whatever order they were measured in.
+const REPORT_ORDER: [&str; 7] = [
+    "limit",
+    "uncontended",
+    "handoff",
+    "fairness",
+    "queue",
+    "many-locks",
+    "resources",
+];
+
+/// A section's number in the report (1-based).
+fn section_number(key: &str) -> usize {
+    REPORT_ORDER
+        .iter()
+        .position(|known| *known == key)
+        .map_or(REPORT_ORDER.len() + 1, |index| index + 1)
+}
+
 impl Section {
     pub(crate) fn new(key: &'static str, title: &'static str) -> Self {
         Section {
@@ -125,7 +145,9 @@ impl Report {
             run.duration_s,
         );
         out.push_str("| # | figure | value | target | result |\n|---|---|---|---|---|\n");
-        for (index, section) in self.sections.iter().enumerate() {
+        let mut sections: Vec<&Section> = self.sections.iter().collect();
+        sections.sort_by_key(|section| section_number(section.key));
+        for section in &sections {
             for figure in &section.figures {
                 let result = match figure.pass {
                     Some(true) => "pass",
@@ -135,7 +157,7 @@ impl Report {
                 let _ = writeln!(
                     out,
                     "| {} {} | {} | {} | {} | {} |",
-                    index + 1,
+                    section_number(section.key),
                     section.key,
                     figure.name,
                     figure.display_value(),
@@ -144,11 +166,7 @@ impl Report {
                 );
             }
         }
-        let notes: Vec<_> = self
-            .sections
-            .iter()
-            .filter(|s| !s.notes.is_empty())
-            .collect();
+        let notes: Vec<_> = sections.iter().filter(|s| !s.notes.is_empty()).collect();
         if !notes.is_empty() {
             out.push_str("\nNotes:\n");
             for section in notes {
