@@ -40,6 +40,17 @@ pub struct Spec {
     pub clock_offset_secs: Option<i64>,
 }
 
+impl Spec {
+    /// A contender for lock `name` on `url`, with every other setting at its default.
+    pub fn on(url: impl Into<String>, name: &str) -> Spec {
+        Spec {
+            url: url.into(),
+            name: name.into(),
+            ..Spec::default()
+        }
+    }
+}
+
 /// One event and when this process read it.
 #[derive(Clone, Debug)]
 pub struct Line {

@@ -18,14 +18,6 @@ const SLACK: Duration = Duration::from_secs(1);
 /// Rounding between the store's millisecond clock and this process's clock.
 const ROUNDING: Duration = Duration::from_millis(5);
 
-fn base(server: &RedisServer, name: &str) -> Spec {
-    Spec {
-        url: server.url(),
-        name: name.into(),
-        ..Spec::default()
-    }
-}
-
 /// Waits for `READY` and checks that the contender's clock really is off by `offset_secs`
 /// (so the test cannot pass because `faketime` silently did nothing). Returns its owner.
 async fn ready_with_offset(
@@ -64,7 +56,7 @@ async fn skewed_waiters_are_served_in_queue_order() {
     let name = "skew-fifo";
     let store = observer(&server.url()).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut holder = Contender::spawn(CONTENDER, "holder", &base(&server, name));
+    let mut holder = Contender::spawn(CONTENDER, "holder", &Spec::on(server.url(), name));
     holder.acquired(0, deadline).await;
 
     let mut waiters = Vec::new();
@@ -73,7 +65,7 @@ async fn skewed_waiters_are_served_in_queue_order() {
         let spec = Spec {
             hold: Some(Duration::from_millis(20)),
             clock_offset_secs: (offset != 0).then_some(offset),
-            ..base(&server, name)
+            ..Spec::on(server.url(), name)
         };
         let mut waiter = Contender::spawn(CONTENDER, label, &spec);
         owners.push(ready_with_offset(&mut waiter, offset, deadline).await);
@@ -126,7 +118,7 @@ async fn fixed_lease_ends_on_time(name: &str, holder_offset: i64, waiter_offset:
         &Spec {
             lease: Some(LEASE),
             clock_offset_secs: Some(holder_offset),
-            ..base(&server, name)
+            ..Spec::on(server.url(), name)
         },
     );
     ready_with_offset(&mut holder, holder_offset, deadline).await;
@@ -144,7 +136,7 @@ async fn fixed_lease_ends_on_time(name: &str, holder_offset: i64, waiter_offset:
         &Spec {
             hold: Some(Duration::from_millis(20)),
             clock_offset_secs: Some(waiter_offset),
-            ..base(&server, name)
+            ..Spec::on(server.url(), name)
         },
     );
     ready_with_offset(&mut waiter, waiter_offset, deadline).await;

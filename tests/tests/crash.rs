@@ -16,14 +16,6 @@ const ROUNDING: Duration = Duration::from_millis(5);
 /// Short waiter TTL, so a dead waiter is noticed quickly.
 const TTL: Duration = Duration::from_secs(2);
 
-fn base(server: &RedisServer, name: &str) -> Spec {
-    Spec {
-        url: server.url(),
-        name: name.into(),
-        ..Spec::default()
-    }
-}
-
 /// A holder with a 2 s watchdog lease is SIGKILLed: its watchdog dies with it, and the
 /// waiting process holds within the lease + 1 s, but not before the lease ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,7 +30,7 @@ async fn killed_holder_is_replaced_after_its_lease() {
         "holder",
         &Spec {
             watchdog_lease: Some(LEASE),
-            ..base(&server, name)
+            ..Spec::on(server.url(), name)
         },
     );
     holder.acquired(0, deadline).await;
@@ -47,7 +39,7 @@ async fn killed_holder_is_replaced_after_its_lease() {
         "waiter",
         &Spec {
             hold: Some(Duration::from_millis(10)),
-            ..base(&server, name)
+            ..Spec::on(server.url(), name)
         },
     );
     let owner = waiter.ready(deadline).await;
@@ -138,12 +130,12 @@ async fn holder_and_queue(
     name: &str,
     deadline: Instant,
 ) -> (Contender, Vec<Contender>, Vec<String>) {
-    let mut holder = Contender::spawn(CONTENDER, "holder", &base(server, name));
+    let mut holder = Contender::spawn(CONTENDER, "holder", &Spec::on(server.url(), name));
     holder.acquired(0, deadline).await;
     let spec = Spec {
         waiter_ttl: Some(TTL),
         hold: Some(Duration::from_millis(20)),
-        ..base(server, name)
+        ..Spec::on(server.url(), name)
     };
     let mut waiters = Vec::new();
     let mut owners = Vec::new();

@@ -68,7 +68,7 @@ async fn acquire_inner(
     started: Instant,
 ) -> Result<LockGuard> {
     let lease = shared.options.effective_lease();
-    let mut attempt = Attempt::new(shared.clone(), runtime.clone());
+    let mut attempt = Attempt::new(shared.clone(), runtime);
     let deadline = match wait {
         Wait::No | Wait::AtMost(Duration::ZERO) | Wait::Forever => None,
         Wait::AtMost(wait) => Some(started + wait),
@@ -87,22 +87,11 @@ async fn acquire_inner(
     // First a call that never queues: a free lock with nobody waiting is granted in one round
     // trip, without registering for wake-ups. Only a caller that must wait registers, and it
     // does so before the call that queues it, so no wake-up can slip between the two.
-    let first = match deadline {
-        None => attempt.call(false).await?,
-        Some(deadline) => match timeout_at(deadline, attempt.call(false)).await {
-            Ok(outcome) => outcome?,
-            Err(_elapsed) => return timed_out(attempt).await,
-        },
+    let Some(first) = attempt.call_before(false, deadline).await else {
+        return timed_out(attempt).await;
     };
-    if let (AcquireOutcome::Granted(grant), proven) = first {
-        attempt.finish();
-        return Ok(LockGuard::new(
-            shared.clone(),
-            grant,
-            proven + lease,
-            false,
-            runtime,
-        ));
+    if let (AcquireOutcome::Granted(grant), proven) = first? {
+        return Ok(attempt.hold(grant, proven + lease, false));
     }
     if matches!(wait, Wait::No | Wait::AtMost(Duration::ZERO)) {
         return Err(Error::WouldBlock {
@@ -116,23 +105,12 @@ async fn acquire_inner(
     let mut watch_open = true;
     loop {
         let sent = Instant::now();
-        let outcome = match deadline {
-            None => attempt.call(true).await?,
-            Some(deadline) => match timeout_at(deadline, attempt.call(true)).await {
-                Ok(outcome) => outcome?,
-                Err(_elapsed) => return timed_out(attempt).await,
-            },
+        let Some(outcome) = attempt.call_before(true, deadline).await else {
+            return timed_out(attempt).await;
         };
-        let (retry_after, last_token) = match outcome {
+        let (retry_after, last_token) = match outcome? {
             (AcquireOutcome::Granted(grant), proven) => {
-                attempt.finish();
-                return Ok(LockGuard::new(
-                    shared.clone(),
-                    grant,
-                    proven + lease,
-                    false,
-                    runtime,
-                ));
+                return Ok(attempt.hold(grant, proven + lease, false));
             }
             (
                 AcquireOutcome::Queued {
@@ -159,14 +137,7 @@ async fn acquire_inner(
                     Some(Wake::Granted(grant)) if grant.token <= last_token => {}
                     Some(Wake::Granted(grant)) => {
                         if Instant::now() < handover_safe_until {
-                            attempt.finish();
-                            return Ok(LockGuard::new(
-                                shared.clone(),
-                                grant,
-                                handover_safe_until,
-                                true,
-                                runtime,
-                            ));
+                            return Ok(attempt.hold(grant, handover_safe_until, true));
                         }
                         // Too old to trust without asking: `acquire` confirms it if still ours.
                         break;
@@ -288,9 +259,29 @@ impl Attempt {
         })?
     }
 
-    /// We hold the lock now: nothing to undo.
-    fn finish(mut self) {
+    /// [`Attempt::call`], given up (`None`) if `deadline` passes first.
+    async fn call_before(
+        &mut self,
+        queue: bool,
+        deadline: Option<Instant>,
+    ) -> Option<Result<(AcquireOutcome, Instant)>> {
+        match deadline {
+            None => Some(self.call(queue).await),
+            Some(deadline) => timeout_at(deadline, self.call(queue)).await.ok(),
+        }
+    }
+
+    /// We hold the lock now, surely until `until`: nothing to undo. `confirm`: the grant is
+    /// a hand-over the store has not seen confirmed yet.
+    fn hold(mut self, grant: Grant, until: Instant, confirm: bool) -> LockGuard {
         self.finished = true;
+        LockGuard::new(
+            self.shared.clone(),
+            grant,
+            until,
+            confirm,
+            self.runtime.clone(),
+        )
     }
 
     /// Undoes whatever this attempt left in the store, in a background task.
