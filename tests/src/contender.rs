@@ -365,14 +365,6 @@ pub struct Hold {
 /// On an overlap or a token that does not increase.
 pub fn assert_exclusive(mut holds: Vec<Hold>) -> Vec<Hold> {
     holds.sort_by_key(|hold| hold.start_ns);
-    for pair in holds.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert!(
-            b.start_ns >= a.end_ns,
-            "two holders at once: {b:?} started {} ns before {a:?} released",
-            a.end_ns.saturating_sub(b.start_ns)
-        );
-        assert!(b.token > a.token, "tokens must grow: {b:?} after {a:?}");
-    }
+    crate::holds::check_exclusive(&holds, |hold| (hold.start_ns, hold.end_ns, hold.token));
     holds
 }

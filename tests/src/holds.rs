@@ -5,6 +5,7 @@
 //! contains the recorded one, and recorded holds that overlap prove that two owners believed
 //! they held the lock at once.
 
+use std::fmt::Debug;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -59,15 +60,7 @@ impl Holds {
     /// On an overlap or a token that does not increase.
     pub fn assert_exclusive(&self) -> Vec<Hold> {
         let holds = self.sorted();
-        for pair in holds.windows(2) {
-            let (a, b) = (&pair[0], &pair[1]);
-            assert!(
-                b.start >= a.end,
-                "two holders at once: {b:?} started {:?} before {a:?} ended",
-                a.end - b.start
-            );
-            assert!(b.token > a.token, "tokens must grow: {b:?} after {a:?}");
-        }
+        check_exclusive(&holds, |hold| (hold.start, hold.end, hold.token));
         holds
     }
 
@@ -77,5 +70,29 @@ impl Holds {
             .windows(2)
             .map(|pair| pair[1].start.saturating_duration_since(pair[0].end))
             .collect()
+    }
+}
+
+/// The one overlap and token check behind both kinds of record (this module's, on the
+/// monotonic clock, and the contender processes', on the wall clock). `holds` are sorted by
+/// start; `of` gives a hold's start, end and fencing token.
+///
+/// # Panics
+/// On a hold that starts before the previous one ended, or a token that does not increase.
+pub fn check_exclusive<H: Debug, T: Ord + Copy>(holds: &[H], of: impl Fn(&H) -> (T, T, u64)) {
+    for pair in holds.windows(2) {
+        let ((_, a_end, a_token), (b_start, _, b_token)) = (of(&pair[0]), of(&pair[1]));
+        assert!(
+            b_start >= a_end,
+            "two holders at once: {:?} started before {:?} ended",
+            pair[1],
+            pair[0]
+        );
+        assert!(
+            b_token > a_token,
+            "tokens must grow: {:?} after {:?}",
+            pair[1],
+            pair[0]
+        );
     }
 }
