@@ -21,97 +21,135 @@ use crate::name::{LockName, Owner};
 /// Implementations are used as `Arc<dyn LockBackend>`, so the trait is object safe.
 ///
 /// # Terms
-/// - A lock is identified by its [`LockName`]. Its state is: an optional *holder* (an
-///   [`Owner`], a *hold count* ≥ 1, a *fencing token*, a *lease*), and a FIFO *queue* of
-///   waiting owners, each with a *liveness deadline*.
-/// - A *grant* makes an owner the holder with hold count 1 and a fresh fencing token.
-/// - A *pending grant* is a grant the store made on a waiter's behalf while handing the lock
-///   over (see *Hand-over*). It has not been confirmed by the waiter yet.
+/// - A lock is identified by its [`LockName`]. Its state is an optional *hold* and a FIFO
+///   *queue*.
+/// - An *attempt* is one call of `lock()` / `try_lock*()` by one [`Owner`], named by a fresh
+///   [`AttemptId`]. Every operation names the attempt it acts for, never just the owner: one
+///   owner may run several attempts at once (tasks sharing a handle, nested locking).
+/// - A *hold* belongs to one owner and has a *fencing token*, one *lease* (an expiry time),
+///   and a set of *levels*: the attempts that hold it. Its *hold count* is the number of
+///   levels. One of them may be *pending*: granted by a hand-over and not yet confirmed by its
+///   attempt.
+/// - A *queue entry* belongs to one attempt and has a *liveness deadline*.
+/// - An attempt *ends* when it is released ([`release`](Self::release)) or abandoned
+///   ([`abandon`](Self::abandon)). Ended attempts are remembered for [`RESEND_HORIZON`].
 ///
 /// # Contract
 /// **Clock.** Every lease and liveness deadline MUST be measured by the store's own clock
-/// (for Redis: `TIME` inside the script). Requests carry durations, never timestamps, and a
-/// backend MUST NOT use the caller's clock for deadlines kept in a shared store.
+/// (for Redis: `TIME` inside the script; for SQL: the server's `clock_timestamp()`). Requests
+/// carry durations, never timestamps.
 ///
-/// **Atomicity.** Each method MUST take effect wholly or not at all, and at most once: a
-/// backend whose client re-sends commands after a reconnect MUST make the re-sent call a no-op
-/// (e.g. with a request id) or not re-send it.
+/// **Atomicity.** Each method MUST take effect wholly or not at all, as one transaction, and
+/// MUST validate its input and the stored data before its first write.
 ///
-/// **Reentrancy.** [`acquire`](Self::acquire) by the current holder MUST increment the hold
-/// count, keep the fencing token, set the lease to the requested one from now, and never queue.
-/// [`release`](Self::release) by the holder MUST decrement it; at 0 the lock is free.
+/// **Re-sends.** A client may deliver any state-changing request again, later, after any
+/// other requests by anyone (a network client re-sends after a reconnect; a request can sit
+/// in a paused server). Every operation MUST be harmless when applied again:
+/// - `acquire` by an attempt that already holds a level returns that grant and changes
+///   nothing; by an attempt that is queued, it refreshes the deadline (a heartbeat); by an
+///   attempt that ended less than [`RESEND_HORIZON`] ago, it returns
+///   [`AcquireOutcome::Busy`] and changes nothing;
+/// - `release` and `abandon` remove an attempt, which is gone the second time;
+/// - `extend` only ever lengthens the lease of the hold with that token;
+/// - `force_release` names the token it frees, which no later hold has.
 ///
-/// **FIFO, no barging.** A new owner MUST be granted the lock only if it is free *and* no live
-/// waiter is queued ahead of it. Waiters are granted in the order they were first queued. A
-/// queued owner that calls `acquire` again keeps its place (that call is its heartbeat). An
-/// owner is queued at most once per lock.
+/// **Mutual exclusion and reentrancy.** At most one owner holds a lock. `acquire` by an
+/// attempt of the owner that holds (with a confirmed or a pending level) MUST add that
+/// attempt as a level at once, without queueing, keep the token, and remove the attempt's
+/// queue entry if it has one. The hold count MUST equal the number of levels: each grant,
+/// re-entry or confirmation adds the level of the attempt that asked, exactly once, and each
+/// `release` removes the level it names. At 0 levels the lock is free.
 ///
-/// **Leases.** A lock whose lease has passed MUST behave as free (its holder is gone), even if
-/// nobody has touched it since. Lease precision is milliseconds.
+/// **One lease per hold.** All levels share the hold's lease. A grant sets it to the
+/// requested lease from the store's now; a re-entry, a confirmation and
+/// [`extend`](Self::extend) set it to the *later* of its current end and the requested lease
+/// from now: they MUST never shorten it, since another level may rely on it.
 ///
-/// **Waiter liveness.** Each queued owner has a liveness deadline, set to `waiter_ttl` from
-/// the store's now each time it calls `acquire`. A waiter whose deadline has passed MUST be
-/// treated as gone wherever it stands in the queue: it never blocks the owners behind it, it
-/// is not counted, and it is not granted the lock. Removal may be lazy (amortised) but the
-/// effect must be immediate.
+/// **Leases.** A hold whose lease has passed MUST behave as if it did not exist (the lock is
+/// free), even if nobody has touched it since. Lease precision is milliseconds.
 ///
-/// **Hand-over.** When the lock becomes free by [`release`](Self::release) or
-/// [`force_release`](Self::force_release), the backend MUST either
-/// - hand it to the head live waiter as a *pending grant* (hold count 1, a fresh token) and
-///   send [`Wake::Granted`] to that waiter's [`Watch`], or
-/// - leave it free and send [`Wake::Recheck`] to the head waiter's `Watch`.
+/// **FIFO, no barging.** An attempt of an owner that does not hold MUST be granted only if the
+/// lock is free *and* no live queue entry is ahead of it. Queue entries are served in the
+/// order they were created; an attempt is queued at most once; a queued attempt that calls
+/// `acquire` again keeps its place (that call is its heartbeat).
 ///
-/// [`AcquireOutcome::Queued`] MUST report the highest token issued for the lock so far, so
-/// the waiter can tell a fresh hand-over from one that was revoked before it looked.
-/// A pending grant MUST expire `waiter_ttl` after it was made unless the waiter confirms it
-/// first, so a dead waiter never holds the lock longer than its liveness TTL. The waiter
-/// confirms it by `acquire` (which then returns [`AcquireOutcome::Granted`] with hold count 1
-/// and the same token, not an increment) or by [`extend`](Self::extend) with that token;
-/// either sets the requested lease from now. [`leave_queue`](Self::leave_queue) by the
-/// grantee of a pending grant MUST release it (handing it on as above).
+/// **Waiter liveness.** Each queue entry's deadline is set to `waiter_ttl` from the store's
+/// now each time its attempt calls `acquire`. An entry whose deadline has passed MUST be
+/// treated as gone wherever it stands: it never blocks the entries behind it, it is not
+/// counted or listed, and it is not granted the lock. Removal may be lazy (amortised) but the
+/// effect must be immediate. Its attempt has not ended: a later `acquire` of it queues it
+/// again, at the tail.
+///
+/// **Hand-over.** When the lock becomes free by `release`, `abandon` or `force_release`, the
+/// backend MUST hand it to the head live queue entry as a *pending grant* (a new hold with
+/// that attempt as its pending level, a fresh token, lease = the entry's `waiter_ttl`),
+/// remove the entry, and send [`Wake::Granted`] with that attempt to the watches of its owner.
+/// The grantee confirms it by `acquire` (which returns [`AcquireOutcome::Granted`] with the
+/// same token) or by [`extend`](Self::extend) with its token; either makes the level
+/// confirmed. A pending level that is not confirmed within its `waiter_ttl` MUST end by
+/// itself (the hold ends with it if it was the only level), so a dead waiter never holds the
+/// lock longer than its liveness TTL. [`AcquireOutcome::Queued`] MUST report the highest token
+/// issued for the lock so far, so the core can tell a fresh hand-over from a stale one.
+///
+/// **Ending attempts.** [`release`](Self::release) removes the named level (pending or
+/// confirmed); [`abandon`](Self::abandon) removes whatever the attempt has: its queue entry,
+/// its pending or confirmed level. Both record the attempt as ended (even when it had
+/// nothing), for at least [`RESEND_HORIZON`], in storage that expires by itself.
 ///
 /// **Wake-ups may be lost.** Delivery to a [`Watch`] is best effort: a backend MAY lose
-/// messages (reconnects, lag). The core re-checks by calling `acquire` at least every
-/// `waiter_ttl / 3` (the heartbeat), and sooner when [`AcquireOutcome::Queued`] carries a
-/// `retry_after` hint, so a lost wake-up delays a waiter by at most one heartbeat. A backend
-/// SHOULD give `retry_after` = the holder's remaining lease to the head waiter, so a lease
-/// that simply runs out is noticed promptly without a wake-up.
-/// [`watch`](Self::watch) MUST be registered before it returns: a wake-up sent after that
-/// reaches it unless lost as above.
+/// messages (reconnects, lag). A watch is per owner: every watch of the owner receives a
+/// wake-up about any of its attempts, and the core tells its attempts apart. The core
+/// re-checks by calling `acquire` at least every `waiter_ttl / 3` (the heartbeat), and sooner
+/// when [`AcquireOutcome::Queued`] carries a `retry_after` hint, so a lost wake-up delays a
+/// waiter by at most one heartbeat. A backend SHOULD give `retry_after` = the holder's
+/// remaining lease to the head waiter, so a lease that simply runs out is noticed promptly.
+/// When an attempt leaves the queue of a free lock, the new head SHOULD be sent
+/// [`Wake::Recheck`]. [`watch`](Self::watch) MUST be registered before it returns: a wake-up
+/// sent after that reaches it unless lost as above.
 ///
 /// **Fencing tokens.** Tokens MUST strictly increase per lock name over all grants, across
-/// lease expiry, force release and the lock's keys being cleaned up. A reentrant acquisition
-/// and a confirmed pending grant keep the holder's token. (Across a loss of the store's data,
-/// what a backend guarantees must be documented; see the Redis backend.)
+/// lease expiry, force release and the lock's keys being cleaned up. Re-entry and
+/// confirmation keep the hold's token. (Across a loss of the store's data, what a backend
+/// guarantees must be documented; see the Redis backend.)
 ///
 /// **Nothing left behind.** A lock that is free with no live waiters SHOULD occupy no storage
-/// except what fencing needs, and whatever a caller left (a queued waiter, a held lock) MUST
-/// end by itself within its liveness TTL or lease. Cancelled calls: the core runs every
-/// state-changing call to completion in a background task and undoes its effect if its caller
-/// has gone, so a backend need not be cancel safe beyond atomicity; where even that cleanup
-/// cannot run (the process died), the TTLs above bound what remains.
+/// except what fencing needs and the ended-attempt records, which expire after
+/// [`RESEND_HORIZON`]. Whatever a caller left (a queued attempt, a held lock) MUST end by
+/// itself within its liveness TTL or lease. The core ends every attempt it started (by
+/// `release` or `abandon`, in the background if its caller is gone), so a backend need not
+/// be cancel safe beyond atomicity.
 ///
-/// **Errors.** Map store failures to [`Error::Unavailable`](crate::Error::Unavailable) (could
-/// not reach the store), [`Error::Conflict`](crate::Error::Conflict) (foreign data at the
-/// lock's keys) or [`Error::Backend`](crate::Error::Backend). Never panic on store data.
+/// **Errors.** Input has been validated by the core (names, owners, durations in
+/// `1 ms ..= MAX_DURATION`). Map store failures to
+/// [`Error::Unavailable`](crate::Error::Unavailable) (could not reach the store, or the outcome
+/// is unknown), [`Error::Conflict`](crate::Error::Conflict) (foreign data at the lock's keys)
+/// or [`Error::Backend`](crate::Error::Backend). Never panic on store data.
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
-    /// One attempt to acquire: grant, re-enter, confirm a pending grant, or (with
+    /// One step of an attempt: grant, re-enter, confirm a pending grant, or (with
     /// `request.queue`) join or stay in the queue and refresh the liveness deadline.
     ///
     /// Without `request.queue` the call never changes the queue and returns
     /// [`AcquireOutcome::Busy`] where it would have queued.
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome>;
 
-    /// Releases one level of `owner`'s hold, if `owner` holds the lock with fencing token
-    /// `token` (pending or confirmed). At hold count 0 the lock is free and the head waiter
-    /// is handed the lock or woken. Anyone else gets [`ReleaseOutcome::NotHeld`] and nothing
-    /// changes.
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome>;
+    /// Removes the level of `attempt` (pending or confirmed) from `owner`'s hold with fencing
+    /// token `token`, and ends the attempt. At 0 levels the lock is free and the head waiter
+    /// is handed the lock. Returns [`ReleaseOutcome::Released`] with the levels left, also
+    /// when the attempt had already ended (a re-sent release); [`ReleaseOutcome::NotHeld`] if
+    /// `owner` holds no level of `attempt` under `token` (the hold ended: expired or
+    /// force-released), changing nothing but recording the attempt as ended.
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome>;
 
-    /// Sets the lease of `owner`'s hold with fencing token `token` to `lease` from now (and
-    /// confirms it if it is a pending grant). Returns `false`, changing nothing, if `owner`
-    /// does not hold the lock with that token.
+    /// Sets the lease of `owner`'s hold with fencing token `token` to the later of its current
+    /// end and `lease` from now, and confirms its pending level if it has one. Returns
+    /// `false`, changing nothing, if `owner` does not hold the lock with that token.
     async fn extend(
         &self,
         name: &LockName,
@@ -120,13 +158,14 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         lease: Duration,
     ) -> Result<bool>;
 
-    /// Removes `owner` from the queue (a waiter gives up), and releases a pending grant made
-    /// to `owner`. Succeeds when `owner` was not queued.
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()>;
+    /// Ends `attempt` whatever it has: removes its queue entry, and its level if it holds one
+    /// (pending, or granted by a call whose reply never arrived), handing the lock on if that
+    /// was the last level. Succeeds when the attempt had nothing.
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()>;
 
-    /// Frees the lock whoever holds it, whatever the hold count, and hands it on to (or wakes)
-    /// the head waiter. Returns whether it was held.
-    async fn force_release(&self, name: &LockName) -> Result<bool>;
+    /// Frees the hold with fencing token `token`, whoever holds it and whatever its count, and
+    /// hands the lock on to the head waiter. Returns whether that hold existed.
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool>;
 
     /// A snapshot of the lock as the store sees it now.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
@@ -135,9 +174,68 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// order.
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>>;
 
-    /// Registers for wake-ups sent to `owner` about lock `name`; dropping the [`Watch`]
-    /// unregisters. Registered before it returns (see *Wake-ups may be lost*).
+    /// Registers for wake-ups sent to any attempt of `owner` on lock `name`; dropping the
+    /// [`Watch`] unregisters. Registered before it returns (see *Wake-ups may be lost*).
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch>;
+}
+
+/// How long a backend remembers an attempt that ended, so that a re-sent `acquire` of it
+/// changes nothing (see the contract's *Re-sends*). A request delivered later than this after
+/// its attempt ended may act again; the harm is then bounded by one lease or waiter TTL.
+pub const RESEND_HORIZON: Duration = Duration::from_secs(60);
+
+/// The identity of one attempt to acquire a lock (one `lock()` / `try_lock*()` call).
+///
+/// Random, so attempts of every process are distinct without coordination. Written as 32
+/// lowercase hex digits ([`Display`](fmt::Display) and [`FromStr`](std::str::FromStr)), which
+/// contain no separator a backend might use.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttemptId(u128);
+
+impl AttemptId {
+    /// A fresh random id.
+    pub fn random() -> Self {
+        AttemptId(uuid::Uuid::new_v4().as_u128())
+    }
+
+    /// The id with this value (for tests and stores that keep it as a number).
+    pub const fn from_u128(value: u128) -> Self {
+        AttemptId(value)
+    }
+
+    /// Its value.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AttemptId({self})")
+    }
+}
+
+impl std::str::FromStr for AttemptId {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
+        u128::from_str_radix(text, 16).map(AttemptId)
+    }
+}
+
+impl Serialize for AttemptId {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// The arguments of [`LockBackend::acquire`].
@@ -147,6 +245,8 @@ pub struct AcquireRequest {
     pub name: LockName,
     /// Who acquires.
     pub owner: Owner,
+    /// Which attempt of the owner this call belongs to.
+    pub attempt: AttemptId,
     /// The lease to set if granted (or re-entered, or confirmed): at least 1 ms.
     pub lease: Duration,
     /// The liveness TTL of the caller's place in the queue: at least 1 ms.
@@ -212,7 +312,7 @@ pub struct LockState {
 pub struct HolderState {
     /// The holder's owner id.
     pub owner: String,
-    /// How many times it holds the lock.
+    /// How many levels it holds (pending one included).
     pub hold_count: u32,
     /// Its fencing token.
     pub token: u64,
@@ -228,6 +328,8 @@ pub struct HolderState {
 pub struct WaiterState {
     /// The waiter's owner id.
     pub owner: String,
+    /// The attempt this queue entry belongs to.
+    pub attempt: AttemptId,
     /// Time left until its liveness deadline, by the store's clock.
     #[serde(with = "humantime_serde")]
     pub deadline_in: Duration,
@@ -247,8 +349,14 @@ pub struct LockSummary {
 /// A wake-up for one waiter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
-    /// The lock was handed to this waiter as a pending grant with this token.
-    Granted(Grant),
+    /// The lock was handed to `attempt` as a pending grant. Other attempts of the same owner
+    /// take it as [`Wake::Recheck`] (they re-enter on their next `acquire`).
+    Granted {
+        /// The attempt the lock was handed to.
+        attempt: AttemptId,
+        /// The grant: its token, hold count 1.
+        grant: Grant,
+    },
     /// Something changed: call `acquire` again now.
     Recheck,
 }

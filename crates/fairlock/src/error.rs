@@ -48,15 +48,14 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// The caller does not hold the lock (release or extend by a non-owner, or a second release).
-    #[error("lock {name:?} is not held by this owner")]
-    NotHeld {
-        /// The lock's name.
-        name: String,
-    },
-
     /// The lease of a held lock ended (it expired, was force-released, or the store lost it)
-    /// before the guard released it. Another owner may hold the lock now.
+    /// before the guard released it. Another owner may hold the lock now. Returned by
+    /// [`LockGuard::unlock`](crate::LockGuard::unlock) and
+    /// [`LockGuard::extend`](crate::LockGuard::extend) when the store no longer has the guard's
+    /// level. (There is no "not held" error: only a guard can release or extend, and
+    /// `unlock` consumes it, so a second release or a release by a non-owner cannot be
+    /// written; at the [`LockBackend`](crate::LockBackend) level that answer is
+    /// `ReleaseOutcome::NotHeld`.)
     #[error("lease on lock {name:?} was lost")]
     LeaseLost {
         /// The lock's name.

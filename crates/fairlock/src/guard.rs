@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
 
-use crate::backend::{Grant, ReleaseOutcome};
+use crate::backend::{AttemptId, Grant, ReleaseOutcome};
 use crate::error::{Error, Result};
-use crate::lease::{self, LeaseState};
+use crate::lease::Hold;
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
@@ -19,8 +18,10 @@ use crate::options::check_lease;
 /// One level of a held lock. Dropping it releases that level.
 ///
 /// The guard owns everything it needs (`Send + 'static`), so it can move into spawned tasks.
-/// While it lives, its keeper task renews the lease (watchdog mode) or watches the fixed
-/// lease, and raises [`lease_lost`](Self::lease_lost) if the lease ends before the guard does.
+/// All guards of one hold in this process (nested locking, tasks sharing a handle) share one
+/// lease, as the store does: one keeper task renews it while any of them uses the watchdog,
+/// or watches the fixed lease, and raises [`lease_lost`](Self::lease_lost) for all of them if
+/// the lease ends before they do.
 ///
 /// **Dropping** the guard releases the lock in the background: the release is spawned on the
 /// Tokio runtime the lock was acquired on, so `drop` never blocks and never panics, even on a
@@ -33,36 +34,32 @@ use crate::options::check_lease;
 pub struct LockGuard {
     shared: Arc<LockShared>,
     grant: Grant,
-    lease: Arc<LeaseState>,
-    keeper: AbortHandle,
+    /// The level this guard is: the attempt that acquired it.
+    attempt: AttemptId,
+    hold: Arc<Hold>,
     runtime: Handle,
     released: bool,
 }
 
 impl LockGuard {
-    /// A guard for `grant`, whose lease surely lasts until `deadline` (local clock).
-    /// `confirm`: the grant is a hand-over the store has not seen confirmed yet.
+    /// A guard for `grant`, made by `attempt`, whose lease surely lasts until `deadline`
+    /// (local clock). `confirm`: the grant is a hand-over the store has not seen confirmed.
     pub(crate) fn new(
         shared: Arc<LockShared>,
         grant: Grant,
+        attempt: AttemptId,
         deadline: Instant,
         confirm: bool,
         runtime: Handle,
     ) -> Self {
-        let lease = LeaseState::new(deadline);
-        let keeper = runtime
-            .spawn(lease::keep(
-                shared.clone(),
-                grant.token,
-                lease.clone(),
-                confirm,
-            ))
-            .abort_handle();
+        let hold = shared
+            .holds
+            .join(&shared, grant.token, deadline, confirm, &runtime);
         LockGuard {
             shared,
             grant,
-            lease,
-            keeper,
+            attempt,
+            hold,
             runtime,
             released: false,
         }
@@ -92,7 +89,7 @@ impl LockGuard {
 
     /// Whether the lease is known to be lost. See [`lease_lost`](Self::lease_lost).
     pub fn is_lease_lost(&self) -> bool {
-        self.lease.is_lost()
+        self.hold.is_lost()
     }
 
     /// A future that completes when the lease is lost: renewal failed until the lease ran out,
@@ -122,15 +119,16 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe; it only observes.
     pub fn lease_lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.lease.lost_receiver();
+        let mut lost = self.hold.lost_receiver();
         async move {
             // An error means the guard is gone, which also ends the lease.
             let _ = lost.wait_for(|lost| *lost).await;
         }
     }
 
-    /// Sets the lease to `lease` from now, by the store's clock. With a watchdog, its next
-    /// renewal sets it back to the watchdog lease.
+    /// Makes the lease last at least `lease` from now, by the store's clock. The lease belongs
+    /// to the whole hold (every guard of this owner on this lock), so this never shortens it:
+    /// another guard may rely on it. With a watchdog, renewals go on as before.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a lease below 1 ms or above
@@ -141,6 +139,11 @@ impl LockGuard {
     /// If cancelled, the extension may or may not have been applied; the guard stays valid.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_lease("lease", lease)?;
+        if self.hold.is_lost() {
+            return Err(Error::LeaseLost {
+                name: self.shared.name.to_string(),
+            });
+        }
         let sent = Instant::now();
         let shared = &self.shared;
         let extended = shared
@@ -148,10 +151,10 @@ impl LockGuard {
             .extend(&shared.name, &shared.owner, self.grant.token, lease)
             .await?;
         if extended {
-            self.lease.extended(sent, lease);
+            self.hold.extended(sent, lease);
             Ok(())
         } else {
-            self.lease.mark_lost(shared, "extend found another holder");
+            self.hold.mark_lost(shared, "extend found another holder");
             Err(Error::LeaseLost {
                 name: shared.name.to_string(),
             })
@@ -169,6 +172,8 @@ impl LockGuard {
     /// The release runs in its own task: dropping this future does not stop it.
     pub async fn unlock(mut self) -> Result<()> {
         let release = self.start_release();
+        // This guard's share of the hold ends now, not when the reply comes.
+        drop(self);
         match release.await {
             Ok(result) => result,
             Err(join) => Err(Error::Backend {
@@ -180,16 +185,19 @@ impl LockGuard {
 
     fn start_release(&mut self) -> tokio::task::JoinHandle<Result<()>> {
         self.released = true;
-        self.keeper.abort();
+        if self.shared.options.lease.is_none() {
+            self.hold.watchdog_left();
+        }
         let shared = self.shared.clone();
         let token = self.grant.token;
+        let attempt = self.attempt;
         let span =
             info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
         self.runtime.spawn(
             async move {
                 let outcome = shared
                     .backend
-                    .release(&shared.name, &shared.owner, token)
+                    .release(&shared.name, &shared.owner, token, attempt)
                     .await;
                 match outcome {
                     Ok(ReleaseOutcome::Released { remaining }) => {

@@ -1,37 +1,107 @@
-//! Keeping a held lock's lease: watchdog renewal, confirming a hand-over, and the lost-lease
-//! signal. One keeper task runs per guard.
+//! One hold's lease, shared by every guard of that hold in this process: the watchdog that
+//! renews it, the confirmation of a hand-over, and the lost-lease signal.
+//!
+//! The store keeps one lease per hold (all levels share it, and it only ever gets longer), so
+//! the core keeps one [`Hold`] per hold too: guards of the same lock, owner and token (nested
+//! locking, tasks sharing a handle) join it, and one keeper task serves them all.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::runtime::Handle;
+use tokio::sync::{watch, Notify};
+use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::{debug, warn};
 
 use crate::lock::LockShared;
+use crate::name::{LockName, Owner};
 
-/// What a guard knows about its lease; shared with its keeper task.
+/// The holds this client's guards are part of, by lock, owner and token.
+#[derive(Debug, Default)]
+pub(crate) struct Holds {
+    map: Mutex<HashMap<(LockName, Owner, u64), Weak<Hold>>>,
+}
+
+/// One hold as this process sees it.
 #[derive(Debug)]
-pub(crate) struct LeaseState {
+pub(crate) struct Hold {
+    holds: Weak<Holds>,
+    key: (LockName, Owner, u64),
     /// `true` once the lease is known (or must be assumed) lost. Never goes back.
     lost: watch::Sender<bool>,
     /// The local instant by which the store's lease has surely not ended yet: the moment the
     /// last successful grant or extension was *sent*, plus its lease. The store started its
-    /// lease later than that, so as long as the two clocks run at the same rate this is on the
-    /// safe side, and no timestamp crosses between them.
+    /// lease later than that and never shortens it, so as long as the two clocks run at the
+    /// same rate this is on the safe side, and no timestamp crosses between them.
     deadline: watch::Sender<Instant>,
+    /// How many live guards of this hold want the watchdog.
+    watchdogs: watch::Sender<usize>,
+    /// Asks the keeper to confirm a hand-over now.
+    confirm: Arc<Notify>,
+    keeper: Mutex<Option<AbortHandle>>,
 }
 
-impl LeaseState {
-    pub(crate) fn new(deadline: Instant) -> Arc<Self> {
-        Arc::new(LeaseState {
-            lost: watch::Sender::new(false),
-            deadline: watch::Sender::new(deadline),
-        })
+impl Holds {
+    fn lock_map(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, Owner, u64), Weak<Hold>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The hold of `token` with one more guard: the existing one if a live guard of it is in
+    /// this process, else a new one with its keeper. `until`: the lease surely lasts until
+    /// then. `confirm`: the grant is a hand-over the store has not seen confirmed.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        shared: &Arc<LockShared>,
+        token: u64,
+        until: Instant,
+        confirm: bool,
+        runtime: &Handle,
+    ) -> Arc<Hold> {
+        let watchdog = shared.options.lease.is_none();
+        let key = (shared.name.clone(), shared.owner.clone(), token);
+        let mut map = self.lock_map();
+        if let Some(hold) = map.get(&key).and_then(Weak::upgrade) {
+            // A hold already lost stays lost; a new grant of the same token means the store
+            // still has it, so that guard starts a fresh record instead.
+            if !hold.is_lost() {
+                hold.deadline.send_modify(|d| *d = (*d).max(until));
+                if watchdog {
+                    hold.watchdogs.send_modify(|n| *n += 1);
+                }
+                if confirm {
+                    hold.confirm.notify_one();
+                }
+                return hold;
+            }
+        }
+        let hold = Arc::new(Hold {
+            holds: Arc::downgrade(self),
+            key: key.clone(),
+            lost: watch::Sender::new(false),
+            deadline: watch::Sender::new(until),
+            watchdogs: watch::Sender::new(usize::from(watchdog)),
+            confirm: Arc::new(Notify::new()),
+            keeper: Mutex::new(None),
+        });
+        if confirm {
+            hold.confirm.notify_one();
+        }
+        let keeper = runtime
+            .spawn(keep(shared.clone(), token, Arc::downgrade(&hold)))
+            .abort_handle();
+        *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        map.insert(key, Arc::downgrade(&hold));
+        hold
+    }
+}
+
+impl Hold {
+    /// Lost when flagged, or once the deadline has passed even if the keeper task has not
+    /// run yet to flag it.
     pub(crate) fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        *self.lost.borrow() || Instant::now() >= *self.deadline.borrow()
     }
 
     pub(crate) fn mark_lost(&self, shared: &LockShared, why: &str) {
@@ -40,60 +110,93 @@ impl LeaseState {
         }
     }
 
-    /// Records a successful extension sent at `sent` for `lease`.
+    /// Records a successful extension sent at `sent` for `lease`: the store's lease now ends
+    /// no earlier than that.
     pub(crate) fn extended(&self, sent: Instant, lease: Duration) {
-        self.deadline.send_replace(sent + lease);
+        self.deadline.send_modify(|d| *d = (*d).max(sent + lease));
     }
 
     pub(crate) fn lost_receiver(&self) -> watch::Receiver<bool> {
         self.lost.subscribe()
     }
+
+    /// A guard with the watchdog is gone.
+    pub(crate) fn watchdog_left(&self) {
+        self.watchdogs.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
-/// The keeper task of one guard. With a watchdog it renews every third of the lease; with a
-/// fixed lease it only confirms a hand-over (if `confirm`) and then watches the deadline.
-/// Either way it flags the lease lost when the deadline passes unrenewed or the store says
-/// we are no longer the holder. Aborted when the guard is released.
-pub(crate) async fn keep(
-    shared: Arc<LockShared>,
-    token: u64,
-    state: Arc<LeaseState>,
-    confirm: bool,
-) {
-    let watchdog = shared.options.lease.is_none();
-    let lease = shared.options.effective_lease();
-    let mut deadline_rx = state.deadline.subscribe();
-    let now = Instant::now();
-    let mut next_renewal = if confirm {
-        Some(now)
-    } else if watchdog {
-        Some(now + lease / 3)
-    } else {
-        None
-    };
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(keeper) = self
+            .keeper
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            keeper.abort();
+        }
+        if let Some(holds) = self.holds.upgrade() {
+            let mut map = holds.lock_map();
+            // Only our own entry: a newer hold with the same key may have replaced it.
+            if map.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The keeper task of one hold. While any guard wants the watchdog it renews every third of
+/// the watchdog lease; it confirms a hand-over when asked; and it flags the lease lost when
+/// the deadline passes unrenewed or the store says the hold is gone. Aborted with the hold.
+async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
+    let Some(strong) = hold.upgrade() else { return };
+    let mut deadline_rx = strong.deadline.subscribe();
+    let mut watchdogs_rx = strong.watchdogs.subscribe();
+    let confirm = strong.confirm.clone();
+    drop(strong);
+    let watchdog_lease = shared.options.watchdog_lease;
+    let fixed_lease = shared.options.effective_lease();
+    let mut next_renewal: Option<Instant> = None;
+    let mut renewing = false;
     loop {
         let deadline = *deadline_rx.borrow_and_update();
+        let wanted = *watchdogs_rx.borrow_and_update() > 0;
+        if wanted && !renewing {
+            let at = Instant::now() + watchdog_lease / 3;
+            next_renewal = Some(next_renewal.map_or(at, |n| n.min(at)));
+        } else if !wanted && renewing {
+            next_renewal = None;
+        }
+        renewing = wanted;
         tokio::select! {
+            biased;
             _ = sleep_until(deadline) => {
-                state.mark_lost(&shared, "the lease ran out before it was renewed");
+                if let Some(hold) = hold.upgrade() {
+                    hold.mark_lost(&shared, "the lease ran out before it was renewed");
+                }
                 return;
             }
             _ = deadline_rx.changed() => {}
+            _ = watchdogs_rx.changed() => {}
+            _ = confirm.notified() => next_renewal = Some(Instant::now()),
             _ = sleep_until(next_renewal.unwrap_or(deadline)), if next_renewal.is_some() => {
+                let lease = if renewing { watchdog_lease } else { fixed_lease };
                 let sent = Instant::now();
                 let renewed = timeout_at(
                     deadline,
                     shared.backend.extend(&shared.name, &shared.owner, token, lease),
                 )
                 .await;
+                let Some(hold) = hold.upgrade() else { return };
                 match renewed {
                     Ok(Ok(true)) => {
                         debug!(lock = %shared.name, token, "fairlock lease renewed");
-                        state.extended(sent, lease);
-                        next_renewal = watchdog.then(|| sent + lease / 3);
+                        hold.extended(sent, lease);
+                        next_renewal = renewing.then(|| sent + watchdog_lease / 3);
                     }
                     Ok(Ok(false)) => {
-                        state.mark_lost(&shared, "the store no longer lists this owner as holder");
+                        hold.mark_lost(&shared, "the store no longer lists this owner as holder");
                         return;
                     }
                     Ok(Err(err)) => {
@@ -103,7 +206,7 @@ pub(crate) async fn keep(
                         next_renewal = Some(Instant::now() + pause);
                     }
                     Err(_elapsed) => {
-                        state.mark_lost(&shared, "renewal did not complete before the lease ended");
+                        hold.mark_lost(&shared, "renewal did not complete before the lease ended");
                         return;
                     }
                 }

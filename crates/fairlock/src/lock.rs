@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::backend::{LockBackend, LockState, LockSummary};
 use crate::error::Result;
 use crate::guard::LockGuard;
+use crate::lease::Holds;
 use crate::name::{LockName, Owner};
 use crate::options::{check_max, LockOptions};
 use crate::waiting::{self, Wait};
@@ -31,6 +32,8 @@ use crate::waiting::{self, Wait};
 pub struct LockClient {
     backend: Arc<dyn LockBackend>,
     options: LockOptions,
+    /// The holds of this client's guards: guards of one hold share its lease.
+    holds: Arc<Holds>,
 }
 
 impl LockClient {
@@ -44,6 +47,7 @@ impl LockClient {
         LockClient {
             backend,
             options: LockOptions::default(),
+            holds: Arc::default(),
         }
     }
 
@@ -77,7 +81,8 @@ impl LockClient {
     }
 
     /// A handle on lock `name` acting as `owner`. Every handle with the same owner (in any
-    /// process) is the same holder: their acquisitions are reentrant with each other.
+    /// process) is the same holder: their acquisitions are reentrant with each other, and
+    /// the guards they hold share one lease.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
@@ -88,17 +93,21 @@ impl LockClient {
                 name: LockName::new(name)?,
                 owner,
                 options: self.options.clone(),
+                holds: self.holds.clone(),
             }),
         })
     }
 
     /// Frees lock `name` whoever holds it (an operator's tool); the head waiter gets it next.
-    /// Returns whether it was held.
+    /// Returns whether it was held. The holder's guards report their lease lost.
+    ///
+    /// It reads the current hold and frees exactly that one (named by its fencing token), so
+    /// the request, even if delivered again later, never frees a hold made after it.
     ///
     /// # Cancel safety
     /// The store applies it atomically; if cancelled, it may or may not have been applied.
     pub async fn force_unlock(&self, name: &str) -> Result<bool> {
-        self.backend.force_release(&LockName::new(name)?).await
+        force_release(&self.backend, &LockName::new(name)?).await
     }
 
     /// A snapshot of lock `name`: holder, hold count, lease left, fencing token and waiters.
@@ -118,6 +127,21 @@ impl LockClient {
     }
 }
 
+/// Frees the current hold of `name`, if any. A hold that changes between the read and the
+/// release is looked at again, a few times at most.
+async fn force_release(backend: &Arc<dyn LockBackend>, name: &LockName) -> Result<bool> {
+    const TRIES: usize = 8;
+    for _ in 0..TRIES {
+        let Some(holder) = backend.inspect(name).await?.holder else {
+            return Ok(false);
+        };
+        if backend.force_release(name, holder.token).await? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// What a handle and its guards share.
 #[derive(Debug)]
 pub(crate) struct LockShared {
@@ -125,6 +149,7 @@ pub(crate) struct LockShared {
     pub(crate) name: LockName,
     pub(crate) owner: Owner,
     pub(crate) options: LockOptions,
+    pub(crate) holds: Arc<Holds>,
 }
 
 /// One owner's handle on one fair lock.
@@ -138,7 +163,10 @@ pub(crate) struct LockShared {
 ///
 /// The handle is one owner: calls through it from different tasks at once are reentrant with
 /// each other, so give each task its own handle ([`LockClient::fair_lock`]) unless you mean to
-/// share the critical section. It is deliberately not `Clone`.
+/// share the critical section. Each call is its own attempt: when the lock reaches the owner,
+/// every waiting call gets its own level (the hold count is the number of live guards), and a
+/// call that times out or is cancelled never takes another call's place or grant. It is
+/// deliberately not `Clone`.
 #[derive(Debug)]
 pub struct FairLock {
     shared: Arc<LockShared>,
@@ -157,6 +185,7 @@ impl FairLock {
                 name: self.shared.name.clone(),
                 owner: self.shared.owner.clone(),
                 options,
+                holds: self.shared.holds.clone(),
             }),
         })
     }
@@ -255,7 +284,7 @@ impl FairLock {
     /// # Cancel safety
     /// If cancelled, it may or may not have been applied.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.shared.backend.force_release(&self.shared.name).await
+        force_release(&self.shared.backend, &self.shared.name).await
     }
 
     /// A snapshot of this lock. See [`LockClient::state`].

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, Grant, HolderState, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, WaiterState, Wake, WakeSender, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Grant, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, WaiterState, Wake, WakeSender, Watch, RESEND_HORIZON,
 };
 use crate::error::Result;
 use crate::name::{LockName, Owner};
@@ -55,6 +55,11 @@ struct Store {
     locks: HashMap<LockName, LockEntry>,
     last_token: u64,
     watchers: HashMap<(LockName, Owner), Vec<WakeSender>>,
+    /// Spent attempts (granted a level at some point, or ended), until when they are
+    /// remembered: a spent attempt is never granted again.
+    ended: HashMap<(LockName, AttemptId), Instant>,
+    /// The same records by expiry, so they are forgotten in order.
+    ended_by_expiry: BTreeSet<(Instant, LockName, AttemptId)>,
 }
 
 #[derive(Default)]
@@ -62,8 +67,8 @@ struct LockEntry {
     holder: Option<Holder>,
     /// The FIFO queue: enqueue sequence number -> waiter.
     queue: BTreeMap<u64, Waiter>,
-    /// Owner -> its sequence number, so an owner is queued once and found in O(log n).
-    seq_of: HashMap<Owner, u64>,
+    /// Attempt -> its sequence number, so an attempt is queued once and found in O(log n).
+    seq_of: HashMap<AttemptId, u64>,
     /// (liveness deadline, sequence number): expired waiters are evicted from the front.
     deadlines: BTreeSet<(Instant, u64)>,
     next_seq: u64,
@@ -71,24 +76,68 @@ struct LockEntry {
 
 struct Holder {
     owner: Owner,
-    count: u32,
     token: u64,
+    /// The confirmed levels: one per attempt that holds.
+    levels: BTreeSet<AttemptId>,
+    /// The level granted by a hand-over and not confirmed yet, and when it lapses.
+    pending: Option<(AttemptId, Instant)>,
+    /// The hold's one lease.
     expires: Instant,
-    /// `Some(lease)` while this is an unconfirmed hand-over: `lease` is what the waiter asked for.
-    pending: Option<Duration>,
+}
+
+impl Holder {
+    fn count(&self) -> u32 {
+        let count = self.levels.len() + usize::from(self.pending.is_some());
+        u32::try_from(count).unwrap_or(u32::MAX)
+    }
+
+    fn grant(&self) -> Grant {
+        Grant {
+            token: self.token,
+            hold_count: self.count(),
+        }
+    }
+
+    /// The lease never gets shorter: another level may rely on it.
+    fn lengthen(&mut self, lease: Duration, now: Instant) {
+        self.expires = self.expires.max(now + lease);
+    }
+
+    /// Turns a pending level into a confirmed one.
+    fn confirm(&mut self) {
+        if let Some((attempt, _)) = self.pending.take() {
+            self.levels.insert(attempt);
+        }
+    }
+
+    /// Removes the level of `attempt`; whether it had one.
+    fn remove(&mut self, attempt: AttemptId) -> bool {
+        if self.pending.is_some_and(|(pending, _)| pending == attempt) {
+            self.pending = None;
+            return true;
+        }
+        self.levels.remove(&attempt)
+    }
 }
 
 struct Waiter {
     owner: Owner,
+    attempt: AttemptId,
     deadline: Instant,
     ttl: Duration,
 }
 
 impl LockEntry {
-    /// Applies the passage of time: an expired lease frees the lock, expired waiters leave.
+    /// Applies the passage of time: a lapsed pending level ends, an expired lease (or a hold
+    /// left with no level) frees the lock, expired waiters leave.
     fn expire(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires <= now) {
-            self.holder = None;
+        if let Some(holder) = self.holder.as_mut() {
+            if holder.pending.is_some_and(|(_, until)| until <= now) {
+                holder.pending = None;
+            }
+            if holder.expires <= now || holder.count() == 0 {
+                self.holder = None;
+            }
         }
         while let Some(&(deadline, seq)) = self.deadlines.first() {
             if deadline > now {
@@ -96,7 +145,7 @@ impl LockEntry {
             }
             self.deadlines.pop_first();
             if let Some(waiter) = self.queue.remove(&seq) {
-                self.seq_of.remove(&waiter.owner);
+                self.seq_of.remove(&waiter.attempt);
             }
         }
     }
@@ -109,35 +158,37 @@ impl LockEntry {
         self.queue.first_key_value().map(|(_, w)| w)
     }
 
-    fn dequeue(&mut self, owner: &Owner) -> Option<Waiter> {
-        let seq = self.seq_of.remove(owner)?;
+    fn dequeue(&mut self, attempt: AttemptId) -> Option<Waiter> {
+        let seq = self.seq_of.remove(&attempt)?;
         let waiter = self.queue.remove(&seq)?;
         self.deadlines.remove(&(waiter.deadline, seq));
         Some(waiter)
     }
 
-    fn enqueue_or_refresh(&mut self, owner: &Owner, ttl: Duration, now: Instant) {
-        let deadline = now + ttl;
-        if let Some(&seq) = self.seq_of.get(owner) {
-            let waiter = self.queue.get_mut(&seq).expect("seq_of and queue agree");
-            self.deadlines.remove(&(waiter.deadline, seq));
-            waiter.deadline = deadline;
-            waiter.ttl = ttl;
-            self.deadlines.insert((deadline, seq));
-        } else {
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.seq_of.insert(owner.clone(), seq);
-            self.queue.insert(
-                seq,
-                Waiter {
-                    owner: owner.clone(),
-                    deadline,
-                    ttl,
-                },
-            );
-            self.deadlines.insert((deadline, seq));
+    fn enqueue_or_refresh(&mut self, req: &AcquireRequest, now: Instant) {
+        let deadline = now + req.waiter_ttl;
+        if let Some(&seq) = self.seq_of.get(&req.attempt) {
+            if let Some(waiter) = self.queue.get_mut(&seq) {
+                self.deadlines.remove(&(waiter.deadline, seq));
+                waiter.deadline = deadline;
+                waiter.ttl = req.waiter_ttl;
+                self.deadlines.insert((deadline, seq));
+                return;
+            }
         }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.seq_of.insert(req.attempt, seq);
+        self.queue.insert(
+            seq,
+            Waiter {
+                owner: req.owner.clone(),
+                attempt: req.attempt,
+                deadline,
+                ttl: req.waiter_ttl,
+            },
+        );
+        self.deadlines.insert((deadline, seq));
     }
 }
 
@@ -155,30 +206,64 @@ impl Store {
         }
     }
 
+    /// Forgets ended attempts whose horizon has passed.
+    fn forget_ended(&mut self, now: Instant) {
+        while let Some((until, _, _)) = self.ended_by_expiry.first() {
+            if *until > now {
+                break;
+            }
+            if let Some((until, name, attempt)) = self.ended_by_expiry.pop_first() {
+                let key = (name, attempt);
+                if self.ended.get(&key) == Some(&until) {
+                    self.ended.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn has_ended(&self, name: &LockName, attempt: AttemptId) -> bool {
+        self.ended.contains_key(&(name.clone(), attempt))
+    }
+
+    /// Records that `attempt` is spent; returns whether it was already.
+    fn end(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> bool {
+        let until = now + RESEND_HORIZON;
+        let key = (name.clone(), attempt);
+        let before = self.ended.insert(key, until);
+        if let Some(before) = before {
+            self.ended_by_expiry
+                .remove(&(before, name.clone(), attempt));
+        }
+        self.ended_by_expiry.insert((until, name.clone(), attempt));
+        before.is_some()
+    }
+
     /// The lock has just become free: hand it to the head waiter as a pending grant.
     fn hand_over(&mut self, name: &LockName, now: Instant) {
         let token = self.last_token + 1;
         let entry = self.entry(name, now);
-        let Some(head) = entry.head().map(|w| w.owner.clone()) else {
+        let Some(attempt) = entry.head().map(|w| w.attempt) else {
             return;
         };
-        let waiter = entry.dequeue(&head).expect("head is queued");
+        let Some(waiter) = entry.dequeue(attempt) else {
+            return;
+        };
+        let until = now + waiter.ttl;
+        self.end(name, attempt, now);
+        let entry = self.entry(name, now);
         entry.holder = Some(Holder {
             owner: waiter.owner.clone(),
-            count: 1,
             token,
-            expires: now + waiter.ttl,
-            pending: Some(waiter.ttl),
+            levels: BTreeSet::new(),
+            pending: Some((attempt, until)),
+            expires: until,
         });
         self.last_token = token;
-        self.wake(
-            name,
-            &waiter.owner,
-            Wake::Granted(Grant {
-                token,
-                hold_count: 1,
-            }),
-        );
+        let grant = Grant {
+            token,
+            hold_count: 1,
+        };
+        self.wake(name, &waiter.owner, Wake::Granted { attempt, grant });
     }
 
     fn wake(&mut self, name: &LockName, owner: &Owner, wake: Wake) {
@@ -192,34 +277,47 @@ impl Store {
     }
 
     fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> AcquireOutcome {
+        self.forget_ended(now);
+        let spent = self.has_ended(&req.name, req.attempt);
         let token = self.last_token + 1;
         let entry = self.entry(&req.name, now);
         if let Some(holder) = entry.holder.as_mut() {
-            if holder.owner == req.owner {
-                if holder.pending.take().is_none() {
-                    holder.count += 1;
-                }
-                holder.expires = now + req.lease;
-                let grant = Grant {
-                    token: holder.token,
-                    hold_count: holder.count,
-                };
-                // A waiter that was queued while also holding (shared owner) keeps no place.
-                entry.dequeue(&req.owner);
-                return AcquireOutcome::Granted(grant);
+            if holder.levels.contains(&req.attempt) {
+                // Applied before (a re-sent request, or a reply that was lost): the same grant.
+                return AcquireOutcome::Granted(holder.grant());
+            }
+            if holder.pending.is_some_and(|(p, _)| p == req.attempt) {
+                holder.confirm();
+                holder.lengthen(req.lease, now);
+                return AcquireOutcome::Granted(holder.grant());
             }
         }
-        let is_head = entry.head().is_none_or(|w| w.owner == req.owner);
+        if spent {
+            // Ended, or its hold ended: a request of it that comes late changes nothing.
+            self.tidy(&req.name);
+            return AcquireOutcome::Busy;
+        }
+        if let Some(holder) = entry.holder.as_mut().filter(|h| h.owner == req.owner) {
+            // Re-entry: one more level, for this attempt.
+            holder.levels.insert(req.attempt);
+            holder.lengthen(req.lease, now);
+            let grant = holder.grant();
+            entry.dequeue(req.attempt);
+            self.end(&req.name, req.attempt, now);
+            return AcquireOutcome::Granted(grant);
+        }
+        let is_head = entry.head().is_none_or(|w| w.attempt == req.attempt);
         if entry.holder.is_none() && is_head {
-            entry.dequeue(&req.owner);
+            entry.dequeue(req.attempt);
             entry.holder = Some(Holder {
                 owner: req.owner.clone(),
-                count: 1,
                 token,
-                expires: now + req.lease,
+                levels: BTreeSet::from([req.attempt]),
                 pending: None,
+                expires: now + req.lease,
             });
             self.last_token = token;
+            self.end(&req.name, req.attempt, now);
             return AcquireOutcome::Granted(Grant {
                 token,
                 hold_count: 1,
@@ -229,9 +327,9 @@ impl Store {
             self.tidy(&req.name);
             return AcquireOutcome::Busy;
         }
-        entry.enqueue_or_refresh(&req.owner, req.waiter_ttl, now);
+        entry.enqueue_or_refresh(req, now);
         let retry_after = match (&entry.holder, entry.head()) {
-            (Some(holder), Some(head)) if head.owner == req.owner => {
+            (Some(holder), Some(head)) if head.attempt == req.attempt => {
                 Some(holder.expires.saturating_duration_since(now))
             }
             _ => None,
@@ -247,8 +345,11 @@ impl Store {
         name: &LockName,
         owner: &Owner,
         token: u64,
+        attempt: AttemptId,
         now: Instant,
     ) -> ReleaseOutcome {
+        self.forget_ended(now);
+        let already = self.end(name, attempt, now);
         let entry = self.entry(name, now);
         let Some(holder) = entry
             .holder
@@ -258,8 +359,16 @@ impl Store {
             self.tidy(name);
             return ReleaseOutcome::NotHeld;
         };
-        holder.count -= 1;
-        let remaining = holder.count;
+        if !holder.remove(attempt) {
+            return if already {
+                ReleaseOutcome::Released {
+                    remaining: holder.count(),
+                }
+            } else {
+                ReleaseOutcome::NotHeld
+            };
+        }
+        let remaining = holder.count();
         if remaining == 0 {
             entry.holder = None;
             self.hand_over(name, now);
@@ -279,8 +388,8 @@ impl Store {
         let entry = self.entry(name, now);
         let extended = match entry.holder.as_mut() {
             Some(holder) if holder.owner == *owner && holder.token == token => {
-                holder.pending = None;
-                holder.expires = now + lease;
+                holder.confirm();
+                holder.lengthen(lease, now);
                 true
             }
             _ => false,
@@ -289,28 +398,39 @@ impl Store {
         extended
     }
 
-    fn leave_queue(&mut self, name: &LockName, owner: &Owner, now: Instant) {
+    fn abandon(&mut self, name: &LockName, owner: &Owner, attempt: AttemptId, now: Instant) {
+        self.forget_ended(now);
+        self.end(name, attempt, now);
         let entry = self.entry(name, now);
-        entry.dequeue(owner);
-        let pending_for_owner = entry
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.owner == *owner && h.pending.is_some());
-        if pending_for_owner {
-            entry.holder = None;
+        let was_head = entry.head().is_some_and(|w| w.attempt == attempt);
+        entry.dequeue(attempt);
+        let mut freed = false;
+        if let Some(holder) = entry.holder.as_mut() {
+            if holder.owner == *owner && holder.remove(attempt) && holder.count() == 0 {
+                entry.holder = None;
+                freed = true;
+            }
+        }
+        if freed {
             self.hand_over(name, now);
+        } else if was_head && entry.holder.is_none() {
+            // The lock is free: the new head may take it now rather than at its heartbeat.
+            if let Some(head) = entry.head().map(|w| w.owner.clone()) {
+                self.wake(name, &head, Wake::Recheck);
+            }
         }
         self.tidy(name);
     }
 
-    fn force_release(&mut self, name: &LockName, now: Instant) -> bool {
+    fn force_release(&mut self, name: &LockName, token: u64, now: Instant) -> bool {
         let entry = self.entry(name, now);
-        let was_held = entry.holder.take().is_some();
-        if was_held {
+        let held = entry.holder.as_ref().is_some_and(|h| h.token == token);
+        if held {
+            entry.holder = None;
             self.hand_over(name, now);
         }
         self.tidy(name);
-        was_held
+        held
     }
 
     fn inspect(&mut self, name: &LockName, now: Instant) -> LockState {
@@ -319,7 +439,7 @@ impl Store {
             name: name.to_string(),
             holder: entry.holder.as_ref().map(|h| HolderState {
                 owner: h.owner.to_string(),
-                hold_count: h.count,
+                hold_count: h.count(),
                 token: h.token,
                 lease_remaining: h.expires.saturating_duration_since(now),
                 confirmed: h.pending.is_none(),
@@ -329,6 +449,7 @@ impl Store {
                 .values()
                 .map(|w| WaiterState {
                     owner: w.owner.to_string(),
+                    attempt: w.attempt,
                     deadline_in: w.deadline.saturating_duration_since(now),
                 })
                 .collect(),
@@ -379,8 +500,16 @@ impl LockBackend for MemoryBackend {
         Ok(self.store().acquire(request, Instant::now()))
     }
 
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
-        Ok(self.store().release(name, owner, token, Instant::now()))
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        Ok(self
+            .store()
+            .release(name, owner, token, attempt, Instant::now()))
     }
 
     async fn extend(
@@ -395,13 +524,13 @@ impl LockBackend for MemoryBackend {
             .extend(name, owner, token, lease, Instant::now()))
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        self.store().leave_queue(name, owner, Instant::now());
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        self.store().abandon(name, owner, attempt, Instant::now());
         Ok(())
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<bool> {
-        Ok(self.store().force_release(name, Instant::now()))
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        Ok(self.store().force_release(name, token, Instant::now()))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
@@ -458,5 +587,13 @@ impl MemoryBackend {
             !entry.is_idle()
         });
         store.locks.len()
+    }
+
+    /// How many ended attempts are remembered (see
+    /// [`RESEND_HORIZON`]); they are forgotten once it has passed.
+    pub fn ended_attempt_count(&self) -> usize {
+        let mut store = self.store();
+        store.forget_ended(Instant::now());
+        store.ended.len()
     }
 }

@@ -7,9 +7,15 @@
 //! (`waiter_ttl / 3`), whichever comes first; each call refreshes the waiter's liveness deadline, so a lost wake-up costs at
 //! most one heartbeat.
 //!
-//! Cancellation: every `acquire` call runs in its own task, so it completes even if the
-//! caller's future is dropped halfway. [`Attempt`]'s `Drop` then undoes what the call did
-//! (releases a grant, leaves the queue, gives back a pending hand-over), in the background.
+//! Each call of `lock()` / `try_lock*()` is one attempt with its own [`AttemptId`]: its queue
+//! entry, pending grant and level belong to it, not to the owner, so attempts of one owner
+//! never affect each other.
+//!
+//! Cancellation: an attempt that ends without a guard (dropped, timed out, failed) is
+//! abandoned in the background: the store removes whatever it has (queue entry, pending
+//! grant, or a level granted by a call whose reply never came) and remembers that it ended,
+//! so a request of it that arrives later changes nothing. So an `acquire` call needs no task
+//! of its own: dropping it halfway is undone the same way.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::{debug, info, info_span, Instrument};
 
-use crate::backend::{AcquireOutcome, AcquireRequest, Grant, Wake};
+use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, Wake};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lock::LockShared;
@@ -41,7 +47,7 @@ const HANDOVER_MARGIN_DIVISOR: u32 = 10;
 
 pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<LockGuard> {
     let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-    let span = info_span!("fairlock.acquire", lock = %shared.name, owner = %shared.owner);
+    let span = info_span!("fairlock.acquire", lock = %shared.name, owner = %shared.owner, attempt = tracing::field::Empty);
     let started = Instant::now();
     let result = acquire_inner(shared, wait, runtime, started)
         .instrument(span.clone())
@@ -69,6 +75,7 @@ async fn acquire_inner(
 ) -> Result<LockGuard> {
     let lease = shared.options.effective_lease();
     let mut attempt = Attempt::new(shared.clone(), runtime);
+    tracing::Span::current().record("attempt", tracing::field::display(attempt.id));
     let deadline = match wait {
         Wait::No | Wait::AtMost(Duration::ZERO) | Wait::Forever => None,
         Wait::AtMost(wait) => Some(started + wait),
@@ -103,6 +110,7 @@ async fn acquire_inner(
     let heartbeat = ttl / 3;
     let mut watch = shared.backend.watch(&shared.name, &shared.owner).await?;
     let mut watch_open = true;
+    let mut renewed = 0;
     loop {
         let sent = Instant::now();
         let Some(outcome) = attempt.call_before(true, deadline).await else {
@@ -119,8 +127,23 @@ async fn acquire_inner(
                 },
                 _,
             ) => (retry_after, last_token),
-            (AcquireOutcome::Busy, _) => (None, u64::MAX),
+            // This attempt is spent: a grant made to it ended before we took it (a hand-over
+            // that lapsed, a grant whose reply was lost and whose lease ran out). Go on as a
+            // fresh attempt, at the tail of the queue.
+            (AcquireOutcome::Busy, _) => {
+                renewed += 1;
+                if renewed > MAX_RENEWALS {
+                    // A fresh attempt cannot be spent: the backend breaks its contract.
+                    return Err(Error::Backend {
+                        backend: "fairlock",
+                        source: "the backend refused fresh attempts to queue".into(),
+                    });
+                }
+                attempt.renew();
+                continue;
+            }
         };
+        renewed = 0;
         let mut next_check = sent + heartbeat;
         if let Some(retry_after) = retry_after {
             next_check = next_check.min(Instant::now() + retry_after);
@@ -132,10 +155,12 @@ async fn acquire_inner(
             tokio::select! {
                 biased;
                 wake = watch.recv(), if watch_open => match wake {
+                    // Handed to another attempt of our owner: we can re-enter now.
+                    Some(Wake::Granted { attempt: other, .. }) if other != attempt.id => break,
                     // A token not above `last_token` is from a hand-over made before our
                     // last call, which would have been granted then: it was revoked since.
-                    Some(Wake::Granted(grant)) if grant.token <= last_token => {}
-                    Some(Wake::Granted(grant)) => {
+                    Some(Wake::Granted { grant, .. }) if grant.token <= last_token => {}
+                    Some(Wake::Granted { grant, .. }) => {
                         if Instant::now() < handover_safe_until {
                             return Ok(attempt.hold(grant, handover_safe_until, true));
                         }
@@ -154,6 +179,10 @@ async fn acquire_inner(
     }
 }
 
+/// How many times in a row a waiting call may find its attempt spent before the backend is
+/// deemed broken (a fresh attempt is never spent).
+const MAX_RENEWALS: u32 = 3;
+
 /// A grant whose reply took longer than this share of the lease is confirmed with an `extend`
 /// before it is handed out (see [`acquire_fresh`]).
 const LATE_GRANT_DIVISOR: u32 = 3;
@@ -167,8 +196,8 @@ const LATE_GRANT_DIVISOR: u32 = 3;
 /// lease had run out, or nearly, before the caller even saw it: `lease_lost()` would fire at
 /// once although the store had just granted a full lease. Instead, a late grant is renewed
 /// with `extend` first, and counted from that request. If the store no longer has it, the outcome
-/// is "look again" (queued, with nothing to wait for); if the store cannot be asked, the grant
-/// is given back and the error returned.
+/// is "look again" (queued, with nothing to wait for); if the store cannot be asked, the error
+/// is returned and abandoning the attempt gives the grant back.
 async fn acquire_fresh(
     shared: &LockShared,
     request: &AcquireRequest,
@@ -202,24 +231,19 @@ async fn acquire_fresh(
             };
             Ok((again, sent))
         }
-        Err(err) => {
-            let _ = shared
-                .backend
-                .release(&shared.name, &shared.owner, grant.token)
-                .await;
-            Err(err)
-        }
+        // The attempt is abandoned on the way out, which gives the grant back.
+        Err(err) => Err(err),
     }
 }
 
-/// One caller's acquisition in progress, and what must be undone if it is abandoned.
+/// One caller's attempt in progress, and what must be undone if it ends without a guard.
 struct Attempt {
     shared: Arc<LockShared>,
     runtime: Handle,
-    /// The `acquire` call running in its own task, if one is in flight.
-    in_flight: Option<JoinHandle<Result<(AcquireOutcome, Instant)>>>,
-    /// We asked to queue, so we may be in the queue or hold a pending hand-over.
-    queued: bool,
+    id: AttemptId,
+    /// A call was sent: the store may know this attempt (queued, pending, or granted by a
+    /// call whose reply we never saw), so ending without a guard must abandon it.
+    sent: bool,
     finished: bool,
 }
 
@@ -228,35 +252,26 @@ impl Attempt {
         Attempt {
             shared,
             runtime,
-            in_flight: None,
-            queued: false,
+            id: AttemptId::random(),
+            sent: false,
             finished: false,
         }
     }
 
     /// One `acquire` call, with the moment the request that proves a grant's lease was sent
-    /// (see [`acquire_fresh`]). If this future is dropped, the call still completes and
-    /// [`Attempt::abandon`] undoes it.
+    /// (see [`acquire_fresh`]). If this future is dropped halfway, abandoning the attempt
+    /// undoes whatever the call did.
     async fn call(&mut self, queue: bool) -> Result<(AcquireOutcome, Instant)> {
-        let shared = self.shared.clone();
         let request = AcquireRequest {
-            name: shared.name.clone(),
-            owner: shared.owner.clone(),
-            lease: shared.options.effective_lease(),
-            waiter_ttl: shared.options.waiter_ttl,
+            name: self.shared.name.clone(),
+            owner: self.shared.owner.clone(),
+            attempt: self.id,
+            lease: self.shared.options.effective_lease(),
+            waiter_ttl: self.shared.options.waiter_ttl,
             queue,
         };
-        self.queued |= queue;
-        let call = self.in_flight.insert(
-            self.runtime
-                .spawn(async move { acquire_fresh(&shared, &request).await }),
-        );
-        let joined = call.await;
-        self.in_flight = None;
-        joined.map_err(|join| Error::Backend {
-            backend: "fairlock",
-            source: Box::new(join),
-        })?
+        self.sent = true;
+        acquire_fresh(&self.shared, &request).await
     }
 
     /// [`Attempt::call`], given up (`None`) if `deadline` passes first.
@@ -271,53 +286,60 @@ impl Attempt {
         }
     }
 
-    /// We hold the lock now, surely until `until`: nothing to undo. `confirm`: the grant is
-    /// a hand-over the store has not seen confirmed yet.
+    /// We hold the lock now, surely until `until`: the guard ends the attempt from here on.
+    /// `confirm`: the grant is a hand-over the store has not seen confirmed yet.
     fn hold(mut self, grant: Grant, until: Instant, confirm: bool) -> LockGuard {
         self.finished = true;
         LockGuard::new(
             self.shared.clone(),
             grant,
+            self.id,
             until,
             confirm,
             self.runtime.clone(),
         )
     }
 
-    /// Undoes whatever this attempt left in the store, in a background task.
+    /// Gives up this attempt's id (in the background) and goes on under a fresh one.
+    fn renew(&mut self) {
+        drop(self.start_cleanup());
+        self.id = AttemptId::random();
+        self.sent = false;
+        self.finished = false;
+        tracing::Span::current().record("attempt", tracing::field::display(self.id));
+    }
+
+    /// Ends the attempt in the store, in a background task.
     fn abandon(mut self) -> Option<JoinHandle<()>> {
         self.start_cleanup()
     }
 
     fn start_cleanup(&mut self) -> Option<JoinHandle<()>> {
-        if self.finished {
+        if self.finished || !self.sent {
             return None;
         }
         self.finished = true;
-        let in_flight = self.in_flight.take();
-        if in_flight.is_none() && !self.queued {
-            return None;
-        }
         let shared = self.shared.clone();
-        let queued = self.queued;
-        let span = info_span!("fairlock.abandon", lock = %shared.name, owner = %shared.owner);
-        Some(self.runtime.spawn(
-            async move {
-                if let Some(call) = in_flight {
-                    if let Ok(Ok((AcquireOutcome::Granted(Grant { token, .. }), _))) = call.await {
-                        debug!(token, "giving back a grant that arrived after its caller left");
-                        let _ = shared.backend.release(&shared.name, &shared.owner, token).await;
+        let attempt = self.id;
+        let span =
+            info_span!("fairlock.abandon", lock = %shared.name, owner = %shared.owner, %attempt);
+        Some(
+            self.runtime.spawn(
+                async move {
+                    // Removes our queue entry, a hand-over made to us that we never took, or a
+                    // grant whose reply we never saw; a request of ours still on its way will
+                    // find the attempt ended and change nothing.
+                    if let Err(err) = shared
+                        .backend
+                        .abandon(&shared.name, &shared.owner, attempt)
+                        .await
+                    {
+                        debug!(error = %err, "abandoning failed; what we left ends with its TTL");
                     }
                 }
-                if queued {
-                    // Also gives back a hand-over made to us that we never took.
-                    if let Err(err) = shared.backend.leave_queue(&shared.name, &shared.owner).await {
-                        debug!(error = %err, "leaving the queue failed; our place ends with its TTL");
-                    }
-                }
-            }
-            .instrument(span),
-        ))
+                .instrument(span),
+            ),
+        )
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fairlock::backend::{AcquireOutcome, AcquireRequest, LockBackend};
+use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId, LockBackend};
 use fairlock::{Error, LockClient, LockName, LockOptions, MemoryBackend, Owner};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -190,6 +190,7 @@ fn request(name: &str, owner: &Owner, lease: Duration, waiter_ttl: Duration) -> 
     AcquireRequest {
         name: LockName::new(name).unwrap(),
         owner: owner.clone(),
+        attempt: AttemptId::random(),
         lease,
         waiter_ttl,
         queue: true,

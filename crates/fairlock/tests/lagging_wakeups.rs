@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, LockBackend, LockState, LockSummary, ReleaseOutcome,
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
     WakeSender, Watch,
 };
 use fairlock::{LockClient, LockName, LockOptions, MemoryBackend, Owner, Result};
@@ -32,8 +32,14 @@ impl LockBackend for LaggingWakeups {
         self.inner.acquire(request).await
     }
 
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
-        self.inner.release(name, owner, token).await
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        self.inner.release(name, owner, token, attempt).await
     }
 
     async fn extend(
@@ -46,12 +52,12 @@ impl LockBackend for LaggingWakeups {
         self.inner.extend(name, owner, token, lease).await
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        self.inner.leave_queue(name, owner).await
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        self.inner.abandon(name, owner, attempt).await
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<bool> {
-        self.inner.force_release(name).await
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        self.inner.force_release(name, token).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, LockBackend, LockState, LockSummary, ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
+    Watch,
 };
 use fairlock::{LockName, MemoryBackend, Owner, Result};
 
@@ -35,8 +36,14 @@ impl LockBackend for Forward {
         self.0.acquire(request).await
     }
 
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
-        self.0.release(name, owner, token).await
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        self.0.release(name, owner, token, attempt).await
     }
 
     async fn extend(
@@ -49,12 +56,12 @@ impl LockBackend for Forward {
         self.0.extend(name, owner, token, lease).await
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        self.0.leave_queue(name, owner).await
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        self.0.abandon(name, owner, attempt).await
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<bool> {
-        self.0.force_release(name).await
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        self.0.force_release(name, token).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

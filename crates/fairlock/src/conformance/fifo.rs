@@ -215,14 +215,14 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     release_raw(&backend, &name, &holder, held.token, CHECK).await;
     let wake = timeout(Duration::from_secs(2), watch.recv()).await;
     assert!(
-        matches!(wake, Ok(Some(Wake::Granted(_) | Wake::Recheck))),
+        matches!(wake, Ok(Some(Wake::Granted { .. } | Wake::Recheck))),
         "{CHECK}: the head waiter's watch got no wake-up within 2s of the release: {wake:?}"
     );
 
     // The head waiter confirms.
     let state = client.state(&name).await.or_fail(CHECK);
     let pending = pending_grant(&state, &first, held.token, CHECK);
-    if let (Ok(Some(Wake::Granted(woken))), Some(pending)) = (wake, pending) {
+    if let (Ok(Some(Wake::Granted { grant: woken, .. })), Some(pending)) = (wake, pending) {
         assert_eq!(
             woken.token, pending,
             "{CHECK}: Wake::Granted carries the pending grant's token"
@@ -274,9 +274,9 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     );
     release_raw(&backend, &name, &first, grant.token, CHECK).await;
     backend
-        .leave_queue(&lock_name, &second)
+        .abandon(&lock_name, &second, support::attempt_of(&second))
         .await
-        .or_fail(format_args!("{CHECK}: leave_queue"));
+        .or_fail(format_args!("{CHECK}: abandon"));
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
         state.holder.as_ref().is_none_or(|h| h.owner == third.as_str() && !h.confirmed),
@@ -328,7 +328,7 @@ pub(crate) async fn release_raw(
 ) {
     let lock_name = LockName::new(name).or_fail(check);
     let outcome = backend
-        .release(&lock_name, owner, token)
+        .release(&lock_name, owner, token, support::attempt_of(owner))
         .await
         .or_fail(check);
     assert!(

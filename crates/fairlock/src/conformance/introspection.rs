@@ -178,14 +178,17 @@ pub async fn list_shows_held_and_waited(backend: Arc<dyn LockBackend>) {
         let lock_name = LockName::new(&name).or_fail(CHECK);
         // The expired hold is gone already; the others are released here.
         let _ = backend
-            .release(&lock_name, &owner, token)
+            .release(&lock_name, &owner, token, support::attempt_of(&owner))
             .await
             .or_fail(CHECK);
     }
     // The hand-over of "waited" went to the raw waiter; it and the queued raw owner leave.
     for (suffix, owner) in [("waited", &waiter), ("expired", &queued)] {
         let lock_name = LockName::new(at(suffix)).or_fail(CHECK);
-        backend.leave_queue(&lock_name, owner).await.or_fail(CHECK);
+        backend
+            .abandon(&lock_name, owner, support::attempt_of(owner))
+            .await
+            .or_fail(CHECK);
     }
     outside.unlock().await.or_fail(CHECK);
     let deadline = Instant::now() + support::EVENTUALLY;

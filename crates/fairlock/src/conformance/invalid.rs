@@ -8,7 +8,8 @@ use async_trait::async_trait;
 
 use super::support::{self, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, LockBackend, LockState, LockSummary, ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
+    Watch,
 };
 use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
@@ -188,9 +189,15 @@ impl LockBackend for CountCalls {
         self.inner.acquire(request).await
     }
 
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
         self.count();
-        self.inner.release(name, owner, token).await
+        self.inner.release(name, owner, token, attempt).await
     }
 
     async fn extend(
@@ -204,14 +211,14 @@ impl LockBackend for CountCalls {
         self.inner.extend(name, owner, token, lease).await
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
         self.count();
-        self.inner.leave_queue(name, owner).await
+        self.inner.abandon(name, owner, attempt).await
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<bool> {
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
         self.count();
-        self.inner.force_release(name).await
+        self.inner.force_release(name, token).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use super::support::{self, OrFail, Waiter};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, LockBackend, LockState, LockSummary, ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
+    Watch,
 };
 use crate::error::Result;
 use crate::name::{LockName, Owner};
@@ -48,8 +49,14 @@ impl LockBackend for LossyWakeups {
         self.inner.acquire(request).await
     }
 
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
-        self.inner.release(name, owner, token).await
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        self.inner.release(name, owner, token, attempt).await
     }
 
     async fn extend(
@@ -62,12 +69,12 @@ impl LockBackend for LossyWakeups {
         self.inner.extend(name, owner, token, lease).await
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        self.inner.leave_queue(name, owner).await
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        self.inner.abandon(name, owner, attempt).await
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<bool> {
-        self.inner.force_release(name).await
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        self.inner.force_release(name, token).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

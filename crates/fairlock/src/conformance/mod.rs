@@ -47,6 +47,11 @@
 //! |---|---|
 //! | [`mutual_exclusion`] | 16 owners × 20 acquisitions never overlap; tokens increase in grant order |
 //! | [`reentrancy`] | re-entry counts up and keeps the token; each guard releases one level |
+//! | [`shared_handle_counts_each_guard`] | two tasks sharing a handle get one level each when the lock reaches them |
+//! | [`nested_lock_after_hand_over`] | a nested `lock()` right after a hand-over is a second level, not the confirmation |
+//! | [`attempts_of_one_owner_are_independent`] | one attempt's timeout never costs another attempt of the owner its place |
+//! | [`one_lease_per_hold`] | a nested guard's `extend` never shortens the hold's lease, and counts for every guard |
+//! | [`lost_grant_reply_leaves_no_level`] | a grant whose reply was lost (through [`LostReplies`]) leaves no phantom level |
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
 //! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
@@ -72,6 +77,7 @@ use tracing::info;
 
 use crate::backend::LockBackend;
 
+mod attempts;
 mod cancel;
 mod eviction;
 mod exclusion;
@@ -81,10 +87,15 @@ mod introspection;
 mod invalid;
 mod leases;
 mod lossy;
+mod model;
 mod release;
 mod support;
 mod timeouts;
 
+pub use attempts::{
+    attempts_of_one_owner_are_independent, lost_grant_reply_leaves_no_level,
+    nested_lock_after_hand_over, one_lease_per_hold, shared_handle_counts_each_guard, LostReplies,
+};
 pub use cancel::{cancel_at_grant_time_leaves_nothing, cancelled_waits_leave_nothing};
 pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};
@@ -94,6 +105,7 @@ pub use introspection::{list_shows_held_and_waited, state_matches_reality};
 pub use invalid::invalid_input_is_rejected;
 pub use leases::{lease_expiry_frees_lock, lease_lost_signal, watchdog_keeps_lock};
 pub use lossy::{lost_wakeups_still_progress, LossyWakeups};
+pub use model::{check_against_model, seeds_from_env, ModelClock, ModelConfig};
 pub use release::{force_release, release_by_non_owner};
 pub use timeouts::wait_timeout_leaves_queue;
 
@@ -111,6 +123,11 @@ pub async fn run_all(backend: Arc<dyn LockBackend>) {
     run!(
         mutual_exclusion,
         reentrancy,
+        shared_handle_counts_each_guard,
+        nested_lock_after_hand_over,
+        attempts_of_one_owner_are_independent,
+        one_lease_per_hold,
+        lost_grant_reply_leaves_no_level,
         fifo_order,
         try_lock_never_barges,
         hand_over,

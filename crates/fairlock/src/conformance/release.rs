@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::time::timeout;
 
-use super::support::{self, raw_acquire, OrFail, Waiter};
-use crate::backend::{AcquireOutcome, LockBackend, ReleaseOutcome};
+use super::support::{self, raw_acquire, raw_acquire_as, OrFail, Waiter};
+use crate::backend::{AcquireOutcome, AttemptId, LockBackend, ReleaseOutcome};
 use crate::error::Error;
 use crate::name::{LockName, Owner};
 
@@ -120,9 +120,9 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
 }
 
 /// Release and extend by anyone but the holder with its token are refused and change nothing:
-/// another owner with the right token, the holder with a wrong token, `leave_queue` by an
-/// owner that is not queued. A release after the last level (a second `unlock` of the same
-/// hold) is `NotHeld`, at hold count 1 and after a re-entry.
+/// another owner, the holder with a wrong token, an attempt of the holder that holds no level,
+/// `abandon` by an attempt that is not queued. A release names its level: releasing one level
+/// leaves the others, and the same release delivered again (a re-send) changes nothing.
 pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "release_by_non_owner";
     let client = support::client(&backend);
@@ -130,47 +130,52 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
     let lock_name = LockName::new(&name).or_fail(CHECK);
     let lease = Duration::from_secs(5);
     let [holder, stranger] = [Owner::unique(), Owner::unique()];
+    let [outer, inner] = [AttemptId::random(), AttemptId::random()];
+    let ttl = support::WAITER_TTL;
 
-    let granted = raw_acquire(&backend, &name, &holder, lease, support::WAITER_TTL, false).await;
+    let granted = raw_acquire_as(&backend, &name, &holder, outer, lease, ttl, false).await;
     let AcquireOutcome::Granted(first) = granted else {
         panic!("{CHECK}: a fresh lock must be granted, got {granted:?}");
     };
-    let granted = raw_acquire(&backend, &name, &holder, lease, support::WAITER_TTL, false).await;
+    let granted = raw_acquire_as(&backend, &name, &holder, inner, lease, ttl, false).await;
     assert!(
         matches!(granted, AcquireOutcome::Granted(g) if g.token == first.token && g.hold_count == 2),
-        "{CHECK}: re-entry by the holder: got {granted:?}"
+        "{CHECK}: re-entry by another attempt of the holder: got {granted:?}"
     );
     let before = client.state(&name).await.or_fail(CHECK);
     let token = first.token;
     let wrong = [
-        (&stranger, token),
-        (&holder, token.wrapping_add(1)),
-        (&holder, token.wrapping_sub(1)),
+        (&stranger, token, AttemptId::random()),
+        (&holder, token.wrapping_add(1), AttemptId::random()),
+        (&holder, token.wrapping_sub(1), AttemptId::random()),
+        (&holder, token, AttemptId::random()),
     ];
-    for (owner, token) in wrong {
+    for (owner, token, attempt) in wrong {
         let released = backend
-            .release(&lock_name, owner, token)
+            .release(&lock_name, owner, token, attempt)
             .await
             .or_fail(CHECK);
         assert_eq!(
             released,
             ReleaseOutcome::NotHeld,
-            "{CHECK}: release by {owner} with token {token} of a lock held by {holder} with token {}",
+            "{CHECK}: release by {owner} ({attempt}) with token {token} of a lock held by {holder} with token {}",
             first.token
         );
-        let extended = backend
-            .extend(&lock_name, owner, token, lease * 2)
-            .await
-            .or_fail(CHECK);
-        assert!(
-            !extended,
-            "{CHECK}: extend by {owner} with token {token} must be refused"
-        );
+        if owner != &holder || token != first.token {
+            let extended = backend
+                .extend(&lock_name, owner, token, lease * 2)
+                .await
+                .or_fail(CHECK);
+            assert!(
+                !extended,
+                "{CHECK}: extend by {owner} with token {token} must be refused"
+            );
+        }
     }
     backend
-        .leave_queue(&lock_name, &stranger)
+        .abandon(&lock_name, &stranger, AttemptId::random())
         .await
-        .or_fail(format_args!("{CHECK}: leave_queue by a non-waiter"));
+        .or_fail(format_args!("{CHECK}: abandon by a non-waiter"));
     let after = client.state(&name).await.or_fail(CHECK);
     assert_eq!(
         (
@@ -199,36 +204,45 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         "{CHECK}: a refused extend must not lengthen the lease: {after:?}"
     );
 
-    for expected in [1, 0] {
+    // Each release removes its own level, once: the same release again changes nothing.
+    let expected = [
+        (outer, ReleaseOutcome::Released { remaining: 1 }),
+        (outer, ReleaseOutcome::Released { remaining: 1 }),
+        (inner, ReleaseOutcome::Released { remaining: 0 }),
+        // The hold is gone: nothing to release under that token any more.
+        (inner, ReleaseOutcome::NotHeld),
+    ];
+    for (attempt, want) in expected {
         let released = backend
-            .release(&lock_name, &holder, token)
+            .release(&lock_name, &holder, token, attempt)
             .await
             .or_fail(CHECK);
         assert_eq!(
-            released,
-            ReleaseOutcome::Released {
-                remaining: expected
-            },
-            "{CHECK}: release by the holder"
+            released, want,
+            "{CHECK}: release of level {attempt} (the second time: a re-send)"
         );
     }
-    let again = backend
-        .release(&lock_name, &holder, token)
-        .await
-        .or_fail(CHECK);
-    assert_eq!(
-        again,
-        ReleaseOutcome::NotHeld,
-        "{CHECK}: a release after the last level"
-    );
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
         state.holder.is_none() && state.waiters.is_empty(),
         "{CHECK}: lock free: {state:?}"
     );
+    // A re-sent acquire of an ended attempt changes nothing.
+    let resent = raw_acquire_as(&backend, &name, &holder, outer, lease, ttl, true).await;
+    assert_eq!(
+        resent,
+        AcquireOutcome::Busy,
+        "{CHECK}: an acquire of an attempt that ended must change nothing"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.is_none() && state.waiters.is_empty(),
+        "{CHECK}: a re-sent acquire of a released attempt took the lock: {state:?}"
+    );
 
-    // Single level: the second release of the same hold is refused.
-    let granted = raw_acquire(&backend, &name, &holder, lease, support::WAITER_TTL, false).await;
+    // A new hold: a release with the previous hold's token is refused.
+    let single_attempt = AttemptId::random();
+    let granted = raw_acquire_as(&backend, &name, &holder, single_attempt, lease, ttl, false).await;
     let AcquireOutcome::Granted(single) = granted else {
         panic!("{CHECK}: a free lock must be granted, got {granted:?}");
     };
@@ -237,7 +251,7 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         "{CHECK}: a new hold by the same owner gets a new token"
     );
     let stale = backend
-        .release(&lock_name, &holder, token)
+        .release(&lock_name, &holder, token, AttemptId::random())
         .await
         .or_fail(CHECK);
     assert_eq!(
@@ -246,22 +260,13 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         "{CHECK}: a release with the previous hold's token"
     );
     let released = backend
-        .release(&lock_name, &holder, single.token)
+        .release(&lock_name, &holder, single.token, single_attempt)
         .await
         .or_fail(CHECK);
     assert_eq!(
         released,
         ReleaseOutcome::Released { remaining: 0 },
         "{CHECK}: release"
-    );
-    let again = backend
-        .release(&lock_name, &holder, single.token)
-        .await
-        .or_fail(CHECK);
-    assert_eq!(
-        again,
-        ReleaseOutcome::NotHeld,
-        "{CHECK}: the second release of one hold"
     );
     support::wait_clean(
         &client,

@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use crate::backend::{AcquireOutcome, AcquireRequest, LockBackend, LockState};
+use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState};
 use crate::error::Result;
 use crate::lock::{FairLock, LockClient};
 use crate::name::{LockName, Owner};
@@ -133,8 +133,22 @@ pub(crate) async fn wait_queued(
     .await;
 }
 
+/// The one attempt a raw caller of the suite makes: owners that call the backend directly
+/// model a single attempt each, so their attempt is derived from the owner.
+pub(crate) fn attempt_of(owner: &Owner) -> AttemptId {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut hasher);
+        owner.as_str().hash(&mut hasher);
+        u128::from(hasher.finish())
+    };
+    AttemptId::from_u128(half(1) << 64 | half(2))
+}
+
 /// One `acquire` call made directly on the backend, as an owner that runs no core code: after
-/// the call it neither heartbeats nor leaves, like a process that died.
+/// the call it neither heartbeats nor leaves, like a process that died. Its attempt is
+/// [`attempt_of`] the owner.
 pub(crate) async fn raw_acquire(
     backend: &Arc<dyn LockBackend>,
     name: &str,
@@ -143,9 +157,32 @@ pub(crate) async fn raw_acquire(
     waiter_ttl: Duration,
     queue: bool,
 ) -> AcquireOutcome {
+    raw_acquire_as(
+        backend,
+        name,
+        owner,
+        attempt_of(owner),
+        lease,
+        waiter_ttl,
+        queue,
+    )
+    .await
+}
+
+/// [`raw_acquire`] for a given attempt of `owner`.
+pub(crate) async fn raw_acquire_as(
+    backend: &Arc<dyn LockBackend>,
+    name: &str,
+    owner: &Owner,
+    attempt: AttemptId,
+    lease: Duration,
+    waiter_ttl: Duration,
+    queue: bool,
+) -> AcquireOutcome {
     let request = AcquireRequest {
         name: LockName::new(name).or_fail("a suite lock name"),
         owner: owner.clone(),
+        attempt,
         lease,
         waiter_ttl,
         queue,
@@ -153,7 +190,7 @@ pub(crate) async fn raw_acquire(
     backend
         .acquire(&request)
         .await
-        .or_fail(format_args!("acquire by {owner} on {name}"))
+        .or_fail(format_args!("acquire by {owner} ({attempt}) on {name}"))
 }
 
 /// Checks that `outcome` is [`AcquireOutcome::Queued`] and that its `last_token` is at least
