@@ -13,16 +13,25 @@ use fairlock::{LockName, MemoryBackend, Owner, Result};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_backend_conforms() {
-    let backend = Arc::new(MemoryBackend::new());
-    fairlock::conformance::run_all(backend.clone()).await;
-    assert_eq!(backend.lock_count(), 0, "the suite left locks behind");
+    let memory = MemoryBackend::new();
+    let store = memory.clone();
+    fairlock::conformance::run_all(move || {
+        let handle = store.clone();
+        async move { Arc::new(handle) as Arc<dyn LockBackend> }
+    })
+    .await;
+    assert_eq!(memory.lock_count(), 0, "the suite left locks behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_backend_conforms_through_a_forwarding_wrapper() {
     let memory = MemoryBackend::new();
-    let wrapped: Arc<dyn LockBackend> = Arc::new(Forward(Arc::new(memory.clone())));
-    fairlock::conformance::run_all(wrapped).await;
+    let store = memory.clone();
+    fairlock::conformance::run_all(move || {
+        let handle = Forward(Arc::new(store.clone()));
+        async move { Arc::new(handle) as Arc<dyn LockBackend> }
+    })
+    .await;
     assert_eq!(memory.lock_count(), 0, "the suite left locks behind");
 }
 

@@ -36,7 +36,7 @@ pub async fn shared_handle_counts_each_guard(backend: Arc<dyn LockBackend>) {
     let name = support::lock_name(CHECK);
     let holder = client.fair_lock(&name).or_fail(CHECK);
     let shared = Arc::new(client.fair_lock(&name).or_fail(CHECK));
-    let held = holder.lock().await.or_fail(format_args!("{CHECK}: holder"));
+    let held = holder.lock().await.or_fail(format!("{CHECK}: holder"));
 
     let mut tasks = Vec::new();
     for _ in 0..2 {
@@ -49,7 +49,7 @@ pub async fn shared_handle_counts_each_guard(backend: Arc<dyn LockBackend>) {
     .await;
     held.unlock()
         .await
-        .or_fail(format_args!("{CHECK}: holder unlock"));
+        .or_fail(format!("{CHECK}: holder unlock"));
 
     let mut guards = Vec::new();
     for task in tasks {
@@ -57,7 +57,7 @@ pub async fn shared_handle_counts_each_guard(backend: Arc<dyn LockBackend>) {
             .await
             .unwrap_or_else(|_| panic!("{CHECK}: a task of the shared handle never got the lock"))
             .expect("task")
-            .or_fail(format_args!("{CHECK}: lock() through the shared handle"));
+            .or_fail(format!("{CHECK}: lock() through the shared handle"));
         guards.push(guard);
     }
     let mut counts: Vec<u32> = guards.iter().map(|g| g.hold_count()).collect();
@@ -84,14 +84,14 @@ pub async fn shared_handle_counts_each_guard(backend: Arc<dyn LockBackend>) {
         .expect("two guards")
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: first unlock"));
+        .or_fail(format!("{CHECK}: first unlock"));
     still_excluded(&client, &name, CHECK).await;
     assert!(!second.is_lease_lost(), "{CHECK}: the second guard's lease");
     second
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: second unlock"));
-    support::wait_clean(&client, &name, format_args!("{CHECK}: clean at the end")).await;
+        .or_fail(format!("{CHECK}: second unlock"));
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
 }
 
 /// A nested `lock()` made at once after a `lock()` that returned on a hand-over is a second
@@ -102,7 +102,7 @@ pub async fn nested_lock_after_hand_over(backend: Arc<dyn LockBackend>) {
     let name = support::lock_name(CHECK);
     let holder = client.fair_lock(&name).or_fail(CHECK);
     let lock = Arc::new(client.fair_lock(&name).or_fail(CHECK));
-    let held = holder.lock().await.or_fail(format_args!("{CHECK}: holder"));
+    let held = holder.lock().await.or_fail(format!("{CHECK}: holder"));
     let waiting = {
         let lock = lock.clone();
         tokio::spawn(async move {
@@ -114,12 +114,12 @@ pub async fn nested_lock_after_hand_over(backend: Arc<dyn LockBackend>) {
     support::wait_queued(&client, &name, lock.owner(), CHECK).await;
     held.unlock()
         .await
-        .or_fail(format_args!("{CHECK}: holder unlock"));
+        .or_fail(format!("{CHECK}: holder unlock"));
     let (outer, inner) = tokio::time::timeout(support::EVENTUALLY, waiting)
         .await
         .unwrap_or_else(|_| panic!("{CHECK}: the waiter never got the lock"))
         .expect("task")
-        .or_fail(format_args!("{CHECK}: outer and inner lock()"));
+        .or_fail(format!("{CHECK}: outer and inner lock()"));
     assert_eq!(
         (outer.hold_count(), inner.hold_count()),
         (1, 2),
@@ -128,7 +128,7 @@ pub async fn nested_lock_after_hand_over(backend: Arc<dyn LockBackend>) {
     inner
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: inner unlock"));
+        .or_fail(format!("{CHECK}: inner unlock"));
     still_excluded(&client, &name, CHECK).await;
     let state = client.state(&name).await.or_fail(CHECK);
     assert_eq!(
@@ -139,8 +139,8 @@ pub async fn nested_lock_after_hand_over(backend: Arc<dyn LockBackend>) {
     outer
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: outer unlock"));
-    support::wait_clean(&client, &name, format_args!("{CHECK}: clean at the end")).await;
+        .or_fail(format!("{CHECK}: outer unlock"));
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
 }
 
 /// Two attempts of one owner wait; the later one times out. The earlier one keeps its place
@@ -150,7 +150,7 @@ pub async fn attempts_of_one_owner_are_independent(backend: Arc<dyn LockBackend>
     let client = support::client(&backend);
     let name = support::lock_name(CHECK);
     let holder = client.fair_lock(&name).or_fail(CHECK);
-    let held = holder.lock().await.or_fail(format_args!("{CHECK}: holder"));
+    let held = holder.lock().await.or_fail(format!("{CHECK}: holder"));
     let owner = client.fair_lock(&name).or_fail(CHECK);
     let owner_too = client
         .fair_lock_as(&name, owner.owner().clone())
@@ -174,7 +174,7 @@ pub async fn attempts_of_one_owner_are_independent(backend: Arc<dyn LockBackend>
     }
     held.unlock()
         .await
-        .or_fail(format_args!("{CHECK}: holder unlock"));
+        .or_fail(format!("{CHECK}: holder unlock"));
     first.acquired_within(support::EVENTUALLY).await;
     assert!(
         !later.has_acquired(),
@@ -183,7 +183,7 @@ pub async fn attempts_of_one_owner_are_independent(backend: Arc<dyn LockBackend>
     first.release().await;
     later.acquired_within(support::EVENTUALLY).await;
     later.release().await;
-    support::wait_clean(&client, &name, format_args!("{CHECK}: clean at the end")).await;
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
 }
 
 /// Guards of one hold share one lease: a nested guard's `extend` never cuts the lease under
@@ -195,13 +195,13 @@ pub async fn one_lease_per_hold(backend: Arc<dyn LockBackend>) {
     let client = support::fixed_lease_client(&backend, lease);
     let name = support::lock_name(CHECK);
     let lock = client.fair_lock(&name).or_fail(CHECK);
-    let outer = lock.lock().await.or_fail(format_args!("{CHECK}: outer"));
-    let inner = lock.lock().await.or_fail(format_args!("{CHECK}: inner"));
+    let outer = lock.lock().await.or_fail(format!("{CHECK}: outer"));
+    let inner = lock.lock().await.or_fail(format!("{CHECK}: inner"));
     // A shorter extension through the inner guard must not shorten the hold's lease.
     inner
         .extend(Duration::from_millis(20))
         .await
-        .or_fail(format_args!("{CHECK}: inner extend"));
+        .or_fail(format!("{CHECK}: inner extend"));
     sleep(Duration::from_millis(100)).await;
     still_excluded(&client, &name, CHECK).await;
     assert!(!outer.is_lease_lost(), "{CHECK}: outer lease");
@@ -210,7 +210,7 @@ pub async fn one_lease_per_hold(backend: Arc<dyn LockBackend>) {
     inner
         .extend(Duration::from_secs(3))
         .await
-        .or_fail(format_args!("{CHECK}: inner extend"));
+        .or_fail(format!("{CHECK}: inner extend"));
     sleep(lease + Duration::from_millis(200)).await;
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(state.holder.is_some(), "{CHECK}: still held: {state:?}");
@@ -222,8 +222,8 @@ pub async fn one_lease_per_hold(backend: Arc<dyn LockBackend>) {
     outer
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: outer unlock"));
-    support::wait_clean(&client, &name, format_args!("{CHECK}: clean at the end")).await;
+        .or_fail(format!("{CHECK}: outer unlock"));
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
 }
 
 /// Wraps a backend and loses the reply of the next `acquire` that grants: the store applied
@@ -333,31 +333,25 @@ pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
     support::wait_clean(
         &client,
         &name,
-        format_args!("{CHECK}: the unseen grant is given back"),
+        format!("{CHECK}: the unseen grant is given back"),
     )
     .await;
 
-    let guard = lock
-        .lock()
-        .await
-        .or_fail(format_args!("{CHECK}: lock again"));
+    let guard = lock.lock().await.or_fail(format!("{CHECK}: lock again"));
     assert_eq!(
         guard.hold_count(),
         1,
         "{CHECK}: no phantom level under the new guard"
     );
-    guard
-        .unlock()
-        .await
-        .or_fail(format_args!("{CHECK}: unlock"));
+    guard.unlock().await.or_fail(format!("{CHECK}: unlock"));
     let other = client.fair_lock(&name).or_fail(CHECK);
-    let taken = other.try_lock().await.or_fail(format_args!(
+    let taken = other.try_lock().await.or_fail(format!(
         "{CHECK}: another owner takes the released lock at once"
     ));
     taken.unlock().await.or_fail(CHECK);
 
     // Same when the lost reply is a re-entry: the owner holds, a nested lock's reply is lost.
-    let outer = lock.lock().await.or_fail(format_args!("{CHECK}: outer"));
+    let outer = lock.lock().await.or_fail(format!("{CHECK}: outer"));
     lossy.arm();
     assert!(
         matches!(lock.lock().await, Err(Error::Unavailable { .. })),
@@ -370,6 +364,6 @@ pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
     outer
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: outer unlock"));
-    support::wait_clean(&client, &name, format_args!("{CHECK}: clean at the end")).await;
+        .or_fail(format!("{CHECK}: outer unlock"));
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
 }

@@ -63,7 +63,7 @@ pub async fn cancelled_waits_leave_nothing(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         support::EVENTUALLY,
-        format_args!("{CHECK}: every cancelled waiter has left the queue"),
+        format!("{CHECK}: every cancelled waiter has left the queue"),
         |s| {
             s.waiters.is_empty()
                 && s.holder
@@ -74,11 +74,11 @@ pub async fn cancelled_waits_leave_nothing(backend: Arc<dyn LockBackend>) {
     .await;
     held.unlock()
         .await
-        .or_fail(format_args!("{CHECK}: holder unlock"));
-    support::wait_clean(&client, &name, format_args!("{CHECK}: nothing left behind")).await;
+        .or_fail(format!("{CHECK}: holder unlock"));
+    support::wait_clean(&client, &name, format!("{CHECK}: nothing left behind")).await;
     let fresh = client.fair_lock(&name).or_fail(CHECK).try_lock().await;
     fresh
-        .or_fail(format_args!("{CHECK}: try_lock after the cancelled waits"))
+        .or_fail(format!("{CHECK}: try_lock after the cancelled waits"))
         .unlock()
         .await
         .or_fail(CHECK);
@@ -101,18 +101,13 @@ pub async fn cancelled_waits_leave_nothing(backend: Arc<dyn LockBackend>) {
             &client,
             &name,
             CLEANUP_BOUND,
-            format_args!("{CHECK}: round {round}: a grant to a dropped future is given back"),
+            format!("{CHECK}: round {round}: a grant to a dropped future is given back"),
             |s| s.holder.is_none() && s.waiters.is_empty(),
         )
         .await;
     }
     sleep(SETTLE * 10).await;
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// Far longer than one round trip to the store: a call sent before it has landed after it.
@@ -168,7 +163,7 @@ pub async fn cancel_at_grant_time_leaves_nothing(backend: Arc<dyn LockBackend>) 
             &client,
             &name,
             &waiter_owner,
-            format_args!("{CHECK}: round {round}"),
+            format!("{CHECK}: round {round}"),
         )
         .await;
 
@@ -188,30 +183,23 @@ pub async fn cancel_at_grant_time_leaves_nothing(backend: Arc<dyn LockBackend>) 
         let unlocked = unlock
             .await
             .unwrap_or_else(|e| panic!("{CHECK}: unlock task: {e}"));
-        unlocked.or_fail(format_args!("{CHECK}: round {round}: holder unlock"));
+        unlocked.or_fail(format!("{CHECK}: round {round}: holder unlock"));
         // Either the waiter got the lock (its guard was dropped) or it was cancelled.
         let _ = task.await;
         support::state_where(
             &client,
             &name,
             CLEANUP_BOUND,
-            format_args!(
-                "{CHECK}: round {round}: no holder and no waiter after the cancelled grant"
-            ),
+            format!("{CHECK}: round {round}: no holder and no waiter after the cancelled grant"),
             |s| s.holder.is_none() && s.waiters.is_empty(),
         )
         .await;
     }
     let fresh = client.fair_lock(&name).or_fail(CHECK).try_lock().await;
     fresh
-        .or_fail(format_args!("{CHECK}: try_lock after the cancelled grants"))
+        .or_fail(format!("{CHECK}: try_lock after the cancelled grants"))
         .unlock()
         .await
         .or_fail(CHECK);
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }

@@ -57,7 +57,7 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
     support::wait_clean(
         &client,
         &name,
-        format_args!("{CHECK}: lock free at the end (head)"),
+        format!("{CHECK}: lock free at the end (head)"),
     )
     .await;
 
@@ -80,9 +80,7 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         DEAD_TTL + support::EVENTUALLY,
-        format_args!(
-            "{CHECK}: the dead waiter in the middle is evicted, the live one behind stays"
-        ),
+        format!("{CHECK}: the dead waiter in the middle is evicted, the live one behind stays"),
         |s| support::waiter_owners(s) == expected,
     )
     .await;
@@ -100,7 +98,7 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
     support::wait_clean(
         &client,
         &name,
-        format_args!("{CHECK}: lock free at the end (middle)"),
+        format!("{CHECK}: lock free at the end (middle)"),
     )
     .await;
 }

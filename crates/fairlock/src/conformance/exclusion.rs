@@ -30,7 +30,7 @@ pub async fn mutual_exclusion(backend: Arc<dyn LockBackend>) {
         let tokens = tokens.clone();
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
-                let guard = lock.lock().await.or_fail(format_args!("{CHECK}: task {task} lock"));
+                let guard = lock.lock().await.or_fail(format!("{CHECK}: task {task} lock"));
                 let others = inside.fetch_add(1, Ordering::SeqCst);
                 assert_eq!(
                     others, 0,
@@ -44,7 +44,7 @@ pub async fn mutual_exclusion(backend: Arc<dyn LockBackend>) {
                     sleep(Duration::from_micros(200)).await;
                 }
                 inside.fetch_sub(1, Ordering::SeqCst);
-                guard.unlock().await.or_fail(format_args!("{CHECK}: task {task} unlock"));
+                guard.unlock().await.or_fail(format!("{CHECK}: task {task} unlock"));
             }
         }));
     }
@@ -64,12 +64,7 @@ pub async fn mutual_exclusion(backend: Arc<dyn LockBackend>) {
             pair[1]
         );
     }
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// The same owner acquires again while holding (`lock`, `try_lock`, `try_lock_for`, and a
@@ -86,10 +81,7 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
         .or_fail(CHECK);
     let other = client.fair_lock(&name).or_fail(CHECK);
 
-    let first = lock
-        .lock()
-        .await
-        .or_fail(format_args!("{CHECK}: first lock"));
+    let first = lock.lock().await.or_fail(format!("{CHECK}: first lock"));
     let token = first.fencing_token();
     assert_eq!(
         first.hold_count(),
@@ -99,16 +91,16 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
     let second = lock
         .lock()
         .await
-        .or_fail(format_args!("{CHECK}: reentrant lock"));
+        .or_fail(format!("{CHECK}: reentrant lock"));
     let third = lock
         .try_lock()
         .await
-        .or_fail(format_args!("{CHECK}: reentrant try_lock"));
+        .or_fail(format!("{CHECK}: reentrant try_lock"));
     let fourth = lock
         .try_lock_for(Duration::from_millis(100))
         .await
-        .or_fail(format_args!("{CHECK}: reentrant try_lock_for"));
-    let fifth = same_owner.lock().await.or_fail(format_args!(
+        .or_fail(format!("{CHECK}: reentrant try_lock_for"));
+    let fifth = same_owner.lock().await.or_fail(format!(
         "{CHECK}: lock through another handle of the same owner"
     ));
     for (guard, count) in [(&second, 2), (&third, 3), (&fourth, 4), (&fifth, 5)] {
@@ -133,12 +125,12 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
     second
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: unlock re-entry 2"));
+        .or_fail(format!("{CHECK}: unlock re-entry 2"));
     expect_held(&client, &name, lock.owner(), 4, token, CHECK).await;
     fifth
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: unlock re-entry 5"));
+        .or_fail(format!("{CHECK}: unlock re-entry 5"));
     expect_held(&client, &name, lock.owner(), 3, token, CHECK).await;
     drop(third);
     let owner = lock.owner().as_str();
@@ -146,7 +138,7 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         support::EVENTUALLY,
-        format_args!("{CHECK}: dropping a reentrant guard releases one level"),
+        format!("{CHECK}: dropping a reentrant guard releases one level"),
         |s| {
             s.holder
                 .as_ref()
@@ -157,7 +149,7 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
     fourth
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: unlock re-entry 4"));
+        .or_fail(format!("{CHECK}: unlock re-entry 4"));
     expect_held(&client, &name, lock.owner(), 1, token, CHECK).await;
     let refused = other.try_lock().await;
     assert!(
@@ -168,7 +160,7 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
     first
         .unlock()
         .await
-        .or_fail(format_args!("{CHECK}: last unlock"));
+        .or_fail(format!("{CHECK}: last unlock"));
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
         state.holder.is_none(),
@@ -177,7 +169,7 @@ pub async fn reentrancy(backend: Arc<dyn LockBackend>) {
     let next = other
         .try_lock()
         .await
-        .or_fail(format_args!("{CHECK}: try_lock once free"));
+        .or_fail(format!("{CHECK}: try_lock once free"));
     assert!(
         next.fencing_token() > token,
         "{CHECK}: the next holder's token {} must exceed {token}",

@@ -62,7 +62,7 @@ pub async fn fencing_tokens_increase(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         short + support::EVENTUALLY,
-        format_args!("{CHECK}: lease runs out"),
+        format!("{CHECK}: lease runs out"),
         |s| s.holder.is_none(),
     )
     .await;
@@ -97,7 +97,7 @@ pub async fn fencing_tokens_increase(backend: Arc<dyn LockBackend>) {
     e.unlock().await.or_fail(CHECK);
 
     // Released and left alone: whatever the store cleans up, the counter survives.
-    support::wait_clean(&client, &name, format_args!("{CHECK}: lock free")).await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free")).await;
     let listed = client.list(&name).await.or_fail(CHECK);
     assert!(
         listed.is_empty(),
@@ -131,10 +131,5 @@ pub async fn fencing_tokens_increase(backend: Arc<dyn LockBackend>) {
     next(h.fencing_token(), "a lease ran out untouched");
     drop(g);
     h.unlock().await.or_fail(CHECK);
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }

@@ -19,15 +19,12 @@ pub async fn fifo_order(backend: Arc<dyn LockBackend>) {
     let client = support::client(&backend);
     let name = support::lock_name(CHECK);
     let holder = client.fair_lock(&name).or_fail(CHECK);
-    let held = holder
-        .lock()
-        .await
-        .or_fail(format_args!("{CHECK}: holder lock"));
+    let held = holder.lock().await.or_fail(format!("{CHECK}: holder lock"));
 
     let mut waiters = Vec::new();
     for i in 0..WAITERS {
         let lock = client.fair_lock(&name).or_fail(CHECK);
-        waiters.push(Waiter::enqueue(format_args!("{CHECK} #{i}"), &client, lock).await);
+        waiters.push(Waiter::enqueue(format!("{CHECK} #{i}"), &client, lock).await);
     }
     let state = client.state(&name).await.or_fail(CHECK);
     let expected: Vec<String> = waiters.iter().map(|w| w.owner().to_string()).collect();
@@ -40,7 +37,7 @@ pub async fn fifo_order(backend: Arc<dyn LockBackend>) {
     let mut last_token = held.fencing_token();
     held.unlock()
         .await
-        .or_fail(format_args!("{CHECK}: holder unlock"));
+        .or_fail(format!("{CHECK}: holder unlock"));
     for (i, mut waiter) in waiters.into_iter().enumerate() {
         let acquired = waiter.acquired_within(support::EVENTUALLY).await;
         assert!(
@@ -59,12 +56,7 @@ pub async fn fifo_order(backend: Arc<dyn LockBackend>) {
         );
         waiter.release().await;
     }
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// `try_lock` by a new owner fails with `WouldBlock` and joins no queue when the lock is held
@@ -121,7 +113,7 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
     let free = barger
         .try_lock()
         .await
-        .or_fail(format_args!("{CHECK}: try_lock on a free lock"));
+        .or_fail(format!("{CHECK}: try_lock on a free lock"));
     free.unlock().await.or_fail(CHECK);
 
     // The holder's lease ran out while a live waiter is queued: still no barging. The waiter
@@ -141,7 +133,7 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         lease + support::EVENTUALLY,
-        format_args!("{CHECK}: the holder's {lease:?} lease runs out"),
+        format!("{CHECK}: the holder's {lease:?} lease runs out"),
         |s| s.holder.is_none(),
     )
     .await;
@@ -174,12 +166,7 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
     );
     release_raw(&backend, &name, &queued, grant.token, CHECK).await;
     drop(expired);
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// The hand-over protocol, driven with raw calls. When the holder releases with a waiter
@@ -208,7 +195,7 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
         support::expect_queued(
             outcome,
             held.token,
-            format_args!("{CHECK}: queue behind the holder"),
+            format!("{CHECK}: queue behind the holder"),
         );
     }
     let mut watch = backend.watch(&lock_name, &first).await.or_fail(CHECK);
@@ -270,13 +257,13 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     support::expect_queued(
         outcome,
         grant.token,
-        format_args!("{CHECK}: queue behind the grantee"),
+        format!("{CHECK}: queue behind the grantee"),
     );
     release_raw(&backend, &name, &first, grant.token, CHECK).await;
     backend
         .abandon(&lock_name, &second, support::attempt_of(&second))
         .await
-        .or_fail(format_args!("{CHECK}: abandon"));
+        .or_fail(format!("{CHECK}: abandon"));
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
         state.holder.as_ref().is_none_or(|h| h.owner == third.as_str() && !h.confirmed),
@@ -295,12 +282,7 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
         "{CHECK}: tokens increase over hand-overs"
     );
     release_raw(&backend, &name, &third, last.token, CHECK).await;
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// The token of a pending grant to `waiter`, if the lock is one; panics if the lock is held

@@ -81,7 +81,7 @@ pub async fn state_matches_reality(backend: Arc<dyn LockBackend>) {
     support::wait_clean(
         &client,
         &name,
-        format_args!("{CHECK}: the lock is free once all left"),
+        format!("{CHECK}: the lock is free once all left"),
     )
     .await;
     let never = support::lock_name(CHECK);
@@ -145,7 +145,7 @@ pub async fn list_shows_held_and_waited(backend: Arc<dyn LockBackend>) {
         &client,
         &at("expired"),
         lease + support::EVENTUALLY,
-        format_args!("{CHECK}: lease runs out"),
+        format!("{CHECK}: lease runs out"),
         |s| s.holder.is_none(),
     )
     .await;

@@ -157,12 +157,7 @@ pub async fn invalid_input_is_rejected(backend: Arc<dyn LockBackend>) {
         "{CHECK}: a refused extend must not end the lease"
     );
     held.unlock().await.or_fail(CHECK);
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// Forwards every call and counts them.

@@ -23,10 +23,7 @@ pub async fn lease_expiry_frees_lock(backend: Arc<dyn LockBackend>) {
         .fair_lock(&name)
         .or_fail(CHECK);
     let sent = Instant::now();
-    let held = holder
-        .lock()
-        .await
-        .or_fail(format_args!("{CHECK}: holder lock"));
+    let held = holder.lock().await.or_fail(format!("{CHECK}: holder lock"));
     let mut waiter = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
 
     let acquired = waiter.acquired_within(lease + support::EVENTUALLY).await;
@@ -64,12 +61,7 @@ pub async fn lease_expiry_frees_lock(backend: Arc<dyn LockBackend>) {
         "{CHECK}: the stale unlock must not touch the new hold: {state:?}"
     );
     waiter.release().await;
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// With the watchdog (a 400 ms lease renewed every third), a holder keeps the lock over four
@@ -81,10 +73,7 @@ pub async fn watchdog_keeps_lock(backend: Arc<dyn LockBackend>) {
     let client = support::client(&backend);
     let name = support::lock_name(CHECK);
     let holder = client.fair_lock(&name).or_fail(CHECK);
-    let held = holder
-        .lock()
-        .await
-        .or_fail(format_args!("{CHECK}: holder lock"));
+    let held = holder.lock().await.or_fail(format!("{CHECK}: holder lock"));
     let token = held.fencing_token();
     let mut waiter = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
     let other = client.fair_lock(&name).or_fail(CHECK);
@@ -116,15 +105,10 @@ pub async fn watchdog_keeps_lock(backend: Arc<dyn LockBackend>) {
     }
     held.unlock()
         .await
-        .or_fail(format_args!("{CHECK}: unlock after renewals"));
+        .or_fail(format!("{CHECK}: unlock after renewals"));
     waiter.acquired_within(support::EVENTUALLY).await;
     waiter.release().await;
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
 
 /// The lost-lease signal of a fixed lease: `extend` pushes it back (the signal does not fire
@@ -145,7 +129,7 @@ pub async fn lease_lost_signal(backend: Arc<dyn LockBackend>) {
     let extend_sent = Instant::now();
     held.extend(extension)
         .await
-        .or_fail(format_args!("{CHECK}: extend"));
+        .or_fail(format!("{CHECK}: extend"));
     let early = timeout(
         (acquired + lease + lease / 3).saturating_duration_since(Instant::now()),
         held.lease_lost(),
@@ -172,7 +156,7 @@ pub async fn lease_lost_signal(backend: Arc<dyn LockBackend>) {
         &support::client(&backend),
         &name,
         support::EVENTUALLY,
-        format_args!("{CHECK}: the store frees the lock after the extended lease"),
+        format!("{CHECK}: the store frees the lock after the extended lease"),
         |s| s.holder.is_none(),
     )
     .await;

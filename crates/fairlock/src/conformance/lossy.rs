@@ -136,7 +136,7 @@ pub async fn lost_wakeups_still_progress(backend: Arc<dyn LockBackend>) {
         support::wait_clean(
             &holder_client,
             &name,
-            format_args!("{CHECK}: lock free at the end"),
+            format!("{CHECK}: lock free at the end"),
         )
         .await;
     }

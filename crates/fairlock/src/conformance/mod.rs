@@ -12,16 +12,27 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use fairlock::MemoryBackend; // your backend here
+//! use fairlock::{LockBackend, MemoryBackend}; // your backend here
 //!
 //! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 //! async fn conformance() {
-//!     fairlock::conformance::run_all(Arc::new(MemoryBackend::new())).await;
+//!     let store = MemoryBackend::new();
+//!     // Opens another instance of the same store each time (for a networked store: a new
+//!     // client with its own connections).
+//!     fairlock::conformance::run_all(move || {
+//!         let handle = store.clone();
+//!         async move { Arc::new(handle) as Arc<dyn LockBackend> }
+//!     })
+//!     .await;
 //! }
 //! ```
 //!
-//! Every check is also public on its own, named for the behaviour it proves, so a failure can
-//! be rerun alone. A check panics with a message that names it and what was seen.
+//! [`run_all`] opens several instances and spreads the owners of every check over them
+//! ([`Spread`]), so a backend whose instances do not share state fails. It runs every check,
+//! each in its own task with a timeout, and then panics listing each failed check and why;
+//! [`run_checks`] returns the same [`Report`] instead. Every check is also public on its own,
+//! named for the behaviour it proves, so a failure can be rerun alone; its future is `Send`. A
+//! check panics with a message that names it and what was seen.
 //!
 //! # What the suite assumes
 //! - **Shared stores.** Each check uses fresh random lock names under
@@ -71,6 +82,7 @@
 //! | [`invalid_input_is_rejected`] | bad names, durations and waits fail with `InvalidArgument` and touch nothing |
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::info;
@@ -83,6 +95,7 @@ mod eviction;
 mod exclusion;
 mod fencing;
 mod fifo;
+mod instances;
 mod introspection;
 mod invalid;
 mod leases;
@@ -101,6 +114,7 @@ pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};
 pub use fencing::fencing_tokens_increase;
 pub use fifo::{fifo_order, hand_over, try_lock_never_barges};
+pub use instances::{instances_share_state, OpenBackend, Spread};
 pub use introspection::{list_shows_held_and_waited, state_matches_reality};
 pub use invalid::invalid_input_is_rejected;
 pub use leases::{lease_expiry_frees_lock, lease_lost_signal, watchdog_keeps_lock};
@@ -109,18 +123,58 @@ pub use model::{check_against_model, seeds_from_env, ModelClock, ModelConfig};
 pub use release::{force_release, release_by_non_owner};
 pub use timeouts::wait_timeout_leaves_queue;
 
-/// Runs every check of the suite on `backend`, one after the other; panics at the first
-/// violation. Call it from a test on a multi-thread Tokio runtime (see the [module
-/// docs](self)).
-pub async fn run_all(backend: Arc<dyn LockBackend>) {
-    macro_rules! run {
-        ($($check:ident),* $(,)?) => {$(
-            let started = Instant::now();
-            $check(backend.clone()).await;
-            info!(check = stringify!($check), elapsed_ms = started.elapsed().as_millis() as u64, "fairlock conformance check passed");
-        )*};
+/// How long one check may take before it counts as failed (hung).
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How many instances [`run_all`] opens and spreads owners over.
+pub const INSTANCES: usize = 3;
+
+/// The outcome of [`run_checks`]: each check's name, and why it failed if it did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Checks that passed.
+    pub passed: Vec<&'static str>,
+    /// Checks that failed, with their panic message (or "timed out").
+    pub failed: Vec<(&'static str, String)>,
+}
+
+impl Report {
+    /// Panics with every failure if any check failed.
+    ///
+    /// # Panics
+    /// If a check failed.
+    #[track_caller]
+    pub fn assert_passed(&self) {
+        if !self.failed.is_empty() {
+            let lines: Vec<String> = self
+                .failed
+                .iter()
+                .map(|(check, why)| format!("- {check}: {why}"))
+                .collect();
+            panic!(
+                "{} of {} fairlock conformance checks failed:\n{}",
+                self.failed.len(),
+                self.failed.len() + self.passed.len(),
+                lines.join("\n")
+            );
+        }
     }
-    run!(
+}
+
+/// The future of one check.
+pub type CheckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// One check: it runs on the backend it is given and panics on a violation.
+pub type Check = fn(Arc<dyn LockBackend>) -> CheckFuture;
+
+/// Every check of the suite, by name, as functions of the backend they run on.
+pub fn checks() -> Vec<(&'static str, Check)> {
+    macro_rules! list {
+        ($($check:ident),* $(,)?) => {
+            vec![$((stringify!($check), (|backend| Box::pin($check(backend))) as Check)),*]
+        };
+    }
+    list!(
         mutual_exclusion,
         reentrancy,
         shared_handle_counts_each_guard,
@@ -145,5 +199,74 @@ pub async fn run_all(backend: Arc<dyn LockBackend>) {
         state_matches_reality,
         list_shows_held_and_waited,
         invalid_input_is_rejected,
-    );
+    )
+}
+
+/// Runs every check and reports each one's outcome, without stopping at the first failure.
+///
+/// It opens [`INSTANCES`] instances with `open` and runs each check through a [`Spread`] of
+/// them, so contenders, hand-overs and wake-ups cross instances as they cross processes; and
+/// it checks that separately opened instances share their locks
+/// ([`instances_share_state`]). Each check runs in its own task, bounded by
+/// [`CHECK_TIMEOUT`]. Call it inside a multi-thread Tokio runtime.
+pub async fn run_checks(open: impl OpenBackend) -> Report {
+    let open: Arc<dyn OpenBackend> = Arc::new(open);
+    let mut instances = Vec::with_capacity(INSTANCES);
+    for _ in 0..INSTANCES {
+        instances.push(open.open().await);
+    }
+    let spread: Arc<dyn LockBackend> = Arc::new(Spread::new(instances));
+    let mut report = Report::default();
+    let run = |name: &'static str, future: CheckFuture| async move {
+        let started = Instant::now();
+        let task = tokio::spawn(future);
+        let outcome = match tokio::time::timeout(CHECK_TIMEOUT, task).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(join)) if join.is_panic() => Err(panic_message(join.into_panic())),
+            Ok(Err(join)) => Err(format!("the check's task ended: {join}")),
+            Err(_) => Err(format!("timed out after {CHECK_TIMEOUT:?}")),
+        };
+        info!(
+            check = name,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            ok = outcome.is_ok(),
+            "fairlock conformance check"
+        );
+        (name, outcome)
+    };
+    let mut outcomes = vec![
+        run(
+            "instances_share_state",
+            Box::pin(instances_share_state(open.clone())),
+        )
+        .await,
+    ];
+    for (name, check) in checks() {
+        outcomes.push(run(name, check(spread.clone())).await);
+    }
+    for (name, outcome) in outcomes {
+        match outcome {
+            Ok(()) => report.passed.push(name),
+            Err(why) => report.failed.push((name, why)),
+        }
+    }
+    report
+}
+
+/// Runs every check ([`run_checks`]) and panics listing every check that failed.
+///
+/// # Panics
+/// If any check failed.
+pub async fn run_all(open: impl OpenBackend) {
+    run_checks(open).await.assert_passed();
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(message) => *message,
+        Err(payload) => match payload.downcast::<&'static str>() {
+            Ok(message) => (*message).to_owned(),
+            Err(_) => "a panic without a message".to_owned(),
+        },
+    }
 }

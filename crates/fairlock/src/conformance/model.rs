@@ -488,7 +488,7 @@ impl Schedule {
     /// The backend token of grant `grant`, learning it from `token` the first time.
     fn learn(&mut self, grant: u64, token: u64) {
         match self.tokens.get(&grant) {
-            Some(&known) if known != token => self.fail(format_args!(
+            Some(&known) if known != token => self.fail(format!(
                 "grant #{grant} has token {token}, but it had {known} before"
             )),
             Some(_) => {}
@@ -496,7 +496,7 @@ impl Schedule {
                 let before = self.tokens.range(..grant).next_back().map(|(_, &t)| t);
                 let after = self.tokens.range(grant + 1..).next().map(|(_, &t)| t);
                 if before.is_some_and(|b| b >= token) || after.is_some_and(|a| a <= token) {
-                    self.fail(format_args!(
+                    self.fail(format!(
                         "tokens must strictly increase: grant #{grant} has {token}, neighbours {before:?} / {after:?}"
                     ));
                 }
@@ -597,7 +597,7 @@ impl Schedule {
         };
         let (token, mut reply) = match result {
             Ok(found) => found,
-            Err(err) => self.fail(format_args!("{request:?} failed: {err}")),
+            Err(err) => self.fail(format!("{request:?} failed: {err}")),
         };
         // Translate tokens into grant numbers, with the model's expectation as the guide.
         let expected = self.model.apply(request);
@@ -615,7 +615,7 @@ impl Schedule {
             ) => {
                 if *want == 0 {
                     if token != 0 && !self.tokens.is_empty() {
-                        self.fail(format_args!(
+                        self.fail(format!(
                             "Queued reports last token {token} before any grant"
                         ));
                     }
@@ -627,7 +627,7 @@ impl Schedule {
             _ => {}
         }
         if reply != expected {
-            self.fail(format_args!(
+            self.fail(format!(
                 "{request:?}: the backend replied {reply:?}, the model {expected:?}"
             ));
         }
@@ -638,7 +638,7 @@ impl Schedule {
     async fn compare(&mut self) {
         let state: LockState = match self.backend.inspect(&self.name).await {
             Ok(state) => state,
-            Err(err) => self.fail(format_args!("inspect failed: {err}")),
+            Err(err) => self.fail(format!("inspect failed: {err}")),
         };
         let model = self.model.clone();
         let mut model_now = model.clone();
@@ -652,28 +652,23 @@ impl Schedule {
                     || real.hold_count != hold.count()
                     || real.confirmed != hold.pending.is_none()
                 {
-                    self.fail(format_args!(
+                    self.fail(format!(
                         "holder differs: backend {real:?}, model {hold:?} (owner {owner})"
                     ));
                 }
             }
-            (real, hold) => self.fail(format_args!(
-                "holder differs: backend {real:?}, model {hold:?}"
-            )),
+            (real, hold) => self.fail(format!("holder differs: backend {real:?}, model {hold:?}")),
         }
         let real: Vec<AttemptId> = state.waiters.iter().map(|w| w.attempt).collect();
         let want: Vec<AttemptId> = model_now.queue.iter().map(|e| e.attempt).collect();
         if real != want {
-            self.fail(format_args!(
+            self.fail(format!(
                 "queue differs (FIFO): backend {real:?}, model {want:?}"
             ));
         }
         for (waiter, entry) in state.waiters.iter().zip(&model_now.queue) {
             if waiter.owner != self.owners[entry.owner].as_str() {
-                self.fail(format_args!(
-                    "waiter {} has the wrong owner",
-                    waiter.attempt
-                ));
+                self.fail(format!("waiter {} has the wrong owner", waiter.attempt));
             }
         }
         if let Some(hold) = &model_now.hold {
@@ -684,9 +679,7 @@ impl Schedule {
                 .chain(hold.pending.iter().map(|(a, _)| a));
             for level in levels {
                 if self.ended.contains(level) {
-                    self.fail(format_args!(
-                        "attempt {level} ended but still holds a level"
-                    ));
+                    self.fail(format!("attempt {level} ended but still holds a level"));
                 }
             }
             // Every guard of this hold still has its level.
@@ -695,7 +688,7 @@ impl Schedule {
                     && !hold.levels.contains(attempt)
                     && hold.pending.is_none_or(|(p, _)| p != *attempt)
                 {
-                    self.fail(format_args!("the live guard of {attempt} lost its level"));
+                    self.fail(format!("the live guard of {attempt} lost its level"));
                 }
             }
         }
@@ -743,7 +736,7 @@ impl Schedule {
             let now_at =
                 self.started + unit * u32::try_from(self.model.now / 2).unwrap_or(u32::MAX);
             if Instant::now() > now_at + unit / 2 {
-                self.fail(format_args!(
+                self.fail(format!(
                     "the machine stalled: a step ended more than half a unit ({:?}) after its time",
                     unit / 2
                 ));
@@ -990,10 +983,10 @@ impl Schedule {
         self.compare().await;
         let state = match self.backend.inspect(&self.name).await {
             Ok(state) => state,
-            Err(err) => self.fail(format_args!("inspect failed: {err}")),
+            Err(err) => self.fail(format!("inspect failed: {err}")),
         };
         if state.holder.is_some() || !state.waiters.is_empty() {
-            self.fail(format_args!("something was left at the end: {state:?}"));
+            self.fail(format!("something was left at the end: {state:?}"));
         }
     }
 }

@@ -27,7 +27,7 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
     let was_held = client
         .force_unlock(&name)
         .await
-        .or_fail(format_args!("{CHECK}: force_unlock"));
+        .or_fail(format!("{CHECK}: force_unlock"));
     assert!(
         was_held,
         "{CHECK}: force_unlock of a held lock must return true"
@@ -67,7 +67,7 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
         "{CHECK}: the old holder's unlocks must not touch the new hold: {state:?}"
     );
     waiter.release().await;
-    support::wait_clean(&client, &name, format_args!("{CHECK}: lock free")).await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free")).await;
 
     let was_held = client.force_unlock(&name).await.or_fail(CHECK);
     assert!(
@@ -87,7 +87,7 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
     support::expect_queued(
         queued,
         held.token,
-        format_args!("{CHECK}: queue behind the holder"),
+        format!("{CHECK}: queue behind the holder"),
     );
     let mut watch = backend.watch(&lock_name, &head).await.or_fail(CHECK);
     assert!(
@@ -104,19 +104,14 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
         panic!("{CHECK}: the head waiter must get a force-released lock, got {granted:?}");
     };
     super::fifo::release_raw(&backend, &name, &head, grant.token, CHECK).await;
-    support::wait_clean(&client, &name, format_args!("{CHECK}: lock free")).await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free")).await;
     let never_used = support::lock_name(CHECK);
     let was_held = client.force_unlock(&never_used).await.or_fail(CHECK);
     assert!(
         !was_held,
         "{CHECK}: force_unlock of a lock never used must return false"
     );
-    support::wait_clean(
-        &client,
-        &never_used,
-        format_args!("{CHECK}: nothing created"),
-    )
-    .await;
+    support::wait_clean(&client, &never_used, format!("{CHECK}: nothing created")).await;
 }
 
 /// Release and extend by anyone but the holder with its token are refused and change nothing:
@@ -175,7 +170,7 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
     backend
         .abandon(&lock_name, &stranger, AttemptId::random())
         .await
-        .or_fail(format_args!("{CHECK}: abandon by a non-waiter"));
+        .or_fail(format!("{CHECK}: abandon by a non-waiter"));
     let after = client.state(&name).await.or_fail(CHECK);
     assert_eq!(
         (
@@ -268,10 +263,5 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         ReleaseOutcome::Released { remaining: 0 },
         "{CHECK}: release"
     );
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }

@@ -92,10 +92,7 @@ pub(crate) async fn state_where(
 ) -> LockState {
     let started = Instant::now();
     loop {
-        let state = client
-            .state(name)
-            .await
-            .or_fail(format_args!("{what}: state()"));
+        let state = client.state(name).await.or_fail(format!("{what}: state()"));
         if holds(&state) {
             return state;
         }
@@ -190,7 +187,7 @@ pub(crate) async fn raw_acquire_as(
     backend
         .acquire(&request)
         .await
-        .or_fail(format_args!("acquire by {owner} ({attempt}) on {name}"))
+        .or_fail(format!("acquire by {owner} ({attempt}) on {name}"))
 }
 
 /// Checks that `outcome` is [`AcquireOutcome::Queued`] and that its `last_token` is at least

@@ -43,7 +43,7 @@ pub async fn wait_timeout_leaves_queue(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         &impatient_owner,
-        format_args!("{CHECK}: the bounded waiter queues"),
+        format!("{CHECK}: the bounded waiter queues"),
     )
     .await;
     let mut behind = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
@@ -75,10 +75,5 @@ pub async fn wait_timeout_leaves_queue(backend: Arc<dyn LockBackend>) {
         "{CHECK}: the waiter got the lock before the holder released it"
     );
     behind.release().await;
-    support::wait_clean(
-        &client,
-        &name,
-        format_args!("{CHECK}: lock free at the end"),
-    )
-    .await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
