@@ -318,3 +318,77 @@ pub(crate) async fn release_raw(
         "{check}: release by the holder {owner} with its token {token}: got {outcome:?}"
     );
 }
+
+/// A queued attempt that calls `acquire` again (its heartbeat) keeps its place: it is not
+/// moved behind the attempts queued after it. And `extend` by the grantee of a hand-over
+/// confirms it (the state shows it confirmed, and it outlives the waiter's TTL).
+pub async fn heartbeat_keeps_place_and_extend_confirms(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "heartbeat_keeps_place_and_extend_confirms";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let long = Duration::from_secs(30);
+    let ttl = support::WAITER_TTL;
+    let [holder, first, second] = [Owner::unique(), Owner::unique(), Owner::unique()];
+    let AcquireOutcome::Granted(held) =
+        raw_acquire(&backend, &name, &holder, long, long, false).await
+    else {
+        panic!("{CHECK}: a fresh lock must be granted");
+    };
+    for waiter in [&first, &second] {
+        let outcome = raw_acquire(&backend, &name, waiter, long, ttl, true).await;
+        support::expect_queued(outcome, held.token, format!("{CHECK}: queue"));
+    }
+    // The first waiter's heartbeat.
+    let outcome = raw_acquire(&backend, &name, &first, long, ttl, true).await;
+    support::expect_queued(outcome, held.token, format!("{CHECK}: heartbeat"));
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert_eq!(
+        support::waiter_owners(&state),
+        vec![first.to_string(), second.to_string()],
+        "{CHECK}: a heartbeat must keep the waiter's place"
+    );
+
+    // The hand-over goes to the first waiter; its `extend` confirms it.
+    release_raw(&backend, &name, &holder, held.token, CHECK).await;
+    let state = client.state(&name).await.or_fail(CHECK);
+    let Some(pending) = state.holder.as_ref().filter(|h| h.owner == first.as_str()) else {
+        panic!("{CHECK}: the release must hand the lock to the head waiter: {state:?}");
+    };
+    assert!(
+        !pending.confirmed,
+        "{CHECK}: a hand-over starts unconfirmed: {state:?}"
+    );
+    let token = pending.token;
+    let extended = backend
+        .extend(&lock_name, &first, token, long)
+        .await
+        .or_fail(CHECK);
+    assert!(extended, "{CHECK}: extend by the grantee of a hand-over");
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.owner == first.as_str() && h.confirmed && h.token == token),
+        "{CHECK}: extend must confirm the hand-over: {state:?}"
+    );
+    // Confirmed, it lasts its lease, not the waiter's TTL.
+    tokio::time::sleep(ttl + ttl / 2).await;
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.as_ref().is_some_and(|h| h.token == token),
+        "{CHECK}: a confirmed hand-over must last its lease, not the waiter TTL: {state:?}"
+    );
+    release_raw(&backend, &name, &first, token, CHECK).await;
+    backend
+        .abandon(&lock_name, &second, support::attempt_of(&second))
+        .await
+        .or_fail(CHECK);
+    let state = client.state(&name).await.or_fail(CHECK);
+    if let Some(h) = state.holder.as_ref() {
+        // The second waiter's hand-over, which it gave back by abandoning: nothing.
+        panic!("{CHECK}: left behind: {h:?}");
+    }
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
+}

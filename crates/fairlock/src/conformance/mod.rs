@@ -66,6 +66,7 @@
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
 //! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
+//! | [`heartbeat_keeps_place_and_extend_confirms`] | a heartbeat keeps the waiter's place; `extend` confirms a hand-over, which then lasts its lease |
 //! | [`wait_timeout_leaves_queue`] | `try_lock_for` times out, leaves the queue, and delays no one |
 //! | [`lease_expiry_frees_lock`] | an unrenewed lease ends the hold; the waiter proceeds, not earlier |
 //! | [`watchdog_keeps_lock`] | the watchdog keeps a lock over several leases |
@@ -113,7 +114,9 @@ pub use cancel::{cancel_at_grant_time_leaves_nothing, cancelled_waits_leave_noth
 pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};
 pub use fencing::fencing_tokens_increase;
-pub use fifo::{fifo_order, hand_over, try_lock_never_barges};
+pub use fifo::{
+    fifo_order, hand_over, heartbeat_keeps_place_and_extend_confirms, try_lock_never_barges,
+};
 pub use instances::{instances_share_state, OpenBackend, Spread};
 pub use introspection::{list_shows_held_and_waited, state_matches_reality};
 pub use invalid::invalid_input_is_rejected;
@@ -185,6 +188,7 @@ pub fn checks() -> Vec<(&'static str, Check)> {
         fifo_order,
         try_lock_never_barges,
         hand_over,
+        heartbeat_keeps_place_and_extend_confirms,
         wait_timeout_leaves_queue,
         lease_expiry_frees_lock,
         watchdog_keeps_lock,
@@ -210,6 +214,11 @@ pub fn checks() -> Vec<(&'static str, Check)> {
 /// ([`instances_share_state`]). Each check runs in its own task, bounded by
 /// [`CHECK_TIMEOUT`]. Call it inside a multi-thread Tokio runtime.
 pub async fn run_checks(open: impl OpenBackend) -> Report {
+    run_checks_within(open, CHECK_TIMEOUT).await
+}
+
+/// [`run_checks`] with another bound on each check (a check that takes longer fails).
+pub async fn run_checks_within(open: impl OpenBackend, per_check: Duration) -> Report {
     let open: Arc<dyn OpenBackend> = Arc::new(open);
     let mut instances = Vec::with_capacity(INSTANCES);
     for _ in 0..INSTANCES {
@@ -220,11 +229,15 @@ pub async fn run_checks(open: impl OpenBackend) -> Report {
     let run = |name: &'static str, future: CheckFuture| async move {
         let started = Instant::now();
         let task = tokio::spawn(future);
-        let outcome = match tokio::time::timeout(CHECK_TIMEOUT, task).await {
+        let abort = task.abort_handle();
+        let outcome = match tokio::time::timeout(per_check, task).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(join)) if join.is_panic() => Err(panic_message(join.into_panic())),
             Ok(Err(join)) => Err(format!("the check's task ended: {join}")),
-            Err(_) => Err(format!("timed out after {CHECK_TIMEOUT:?}")),
+            Err(_) => {
+                abort.abort();
+                Err(format!("timed out after {per_check:?}"))
+            }
         };
         info!(
             check = name,

@@ -24,6 +24,18 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
     let inner = holder.lock().await.or_fail(CHECK);
     let mut waiter = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
 
+    // A force release that names another hold's token frees nothing.
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let stale = outer.fencing_token().wrapping_sub(1);
+    let freed = backend
+        .force_release(&lock_name, stale)
+        .await
+        .or_fail(CHECK);
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        !freed && state.holder.as_ref().map(|h| h.token) == Some(outer.fencing_token()),
+        "{CHECK}: force_release with another token must free nothing: {state:?}"
+    );
     let was_held = client
         .force_unlock(&name)
         .await

@@ -1,0 +1,357 @@
+//! The conformance suite proves itself: each backend here breaks exactly one MUST of the
+//! `LockBackend` contract (a mutant of `MemoryBackend`), and the whole suite must catch it,
+//! with the check written for that clause among those that fail. `MemoryBackend` itself
+//! passes the same suite (`memory_conformance.rs`). Adding a MUST means adding its mutant.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fairlock::backend::{
+    AcquireOutcome, AcquireRequest, AttemptId, Grant, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Wake, Watch,
+};
+use fairlock::conformance::{run_checks_within, LossyWakeups};
+use fairlock::{LockName, MemoryBackend, Owner, Result, MAX_DURATION};
+
+/// One broken clause each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Each instance keeps its own state (in process).
+    Unshared,
+    /// Queue entries, grants and levels belong to the owner, not the attempt.
+    PerOwner,
+    /// No wake-up is ever sent.
+    NoWakeups,
+    /// `abandon` does nothing.
+    AbandonIgnored,
+    /// `extend` does not confirm a pending hand-over.
+    ExtendNoConfirm,
+    /// Tokens decrease.
+    TokensDecrease,
+    /// A heartbeat sends the waiter to the tail.
+    HeartbeatToTail,
+    /// Spent attempts are forgotten: a re-sent acquire is granted again.
+    ForgetsSpent,
+    /// `force_release` frees whatever hold there is, not the one it names.
+    ForceAnyToken,
+    /// `try_lock` barges past waiters of a free lock.
+    Barging,
+    /// Leases never run out.
+    EndlessLease,
+    /// Waiters never die.
+    EndlessWaiters,
+    /// `inspect` always reports the holder confirmed.
+    InspectConfirmed,
+}
+
+/// The checks written for each clause: at least one of them must fail.
+fn expected(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Unshared => &["instances_share_state"],
+        Kind::PerOwner => &[
+            "shared_handle_counts_each_guard",
+            "attempts_of_one_owner_are_independent",
+        ],
+        Kind::NoWakeups => &["hand_over", "force_release"],
+        Kind::AbandonIgnored => &[
+            "wait_timeout_leaves_queue",
+            "cancelled_waits_leave_nothing",
+            "lost_grant_reply_leaves_no_level",
+        ],
+        Kind::ExtendNoConfirm => &["heartbeat_keeps_place_and_extend_confirms"],
+        Kind::TokensDecrease => &["fencing_tokens_increase", "mutual_exclusion"],
+        Kind::HeartbeatToTail => &["heartbeat_keeps_place_and_extend_confirms"],
+        Kind::ForgetsSpent => &["release_by_non_owner"],
+        Kind::ForceAnyToken => &["force_release"],
+        Kind::Barging => &["try_lock_never_barges"],
+        Kind::EndlessLease => &["lease_expiry_frees_lock"],
+        Kind::EndlessWaiters => &["dead_waiters_are_evicted"],
+        Kind::InspectConfirmed => &["hand_over", "heartbeat_keeps_place_and_extend_confirms"],
+    }
+}
+
+/// Tokens are shown as `FLIP - token`, so they decrease.
+const FLIP: u64 = u64::MAX / 2;
+
+#[derive(Debug)]
+struct Mutant {
+    kind: Kind,
+    inner: Arc<dyn LockBackend>,
+    /// Outer attempt -> the attempt the inner backend sees (for the mutants that remap).
+    attempts: Mutex<HashMap<AttemptId, AttemptId>>,
+}
+
+impl Mutant {
+    fn new(kind: Kind, inner: MemoryBackend) -> Self {
+        let inner: Arc<dyn LockBackend> = match kind {
+            Kind::NoWakeups => Arc::new(LossyWakeups::new(Arc::new(inner))),
+            _ => Arc::new(inner),
+        };
+        Mutant {
+            kind,
+            inner,
+            attempts: Mutex::default(),
+        }
+    }
+
+    fn owner_attempt(owner: &Owner) -> AttemptId {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        owner.hash(&mut hasher);
+        AttemptId::from_u128(u128::from(hasher.finish()))
+    }
+
+    /// The inner attempt of `attempt`.
+    fn inner_attempt(&self, owner: &Owner, attempt: AttemptId) -> AttemptId {
+        match self.kind {
+            Kind::PerOwner => Self::owner_attempt(owner),
+            Kind::HeartbeatToTail | Kind::ForgetsSpent => *self
+                .attempts
+                .lock()
+                .unwrap()
+                .entry(attempt)
+                .or_insert_with(AttemptId::random),
+            _ => attempt,
+        }
+    }
+
+    fn token_out(&self, token: u64) -> u64 {
+        if self.kind == Kind::TokensDecrease && token != 0 {
+            FLIP - token
+        } else {
+            token
+        }
+    }
+
+    fn token_in(&self, token: u64) -> u64 {
+        self.token_out(token)
+    }
+}
+
+#[async_trait]
+impl LockBackend for Mutant {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        let mut inner = request.clone();
+        inner.attempt = self.inner_attempt(&request.owner, request.attempt);
+        match self.kind {
+            Kind::EndlessLease => inner.lease = MAX_DURATION,
+            Kind::EndlessWaiters => inner.waiter_ttl = MAX_DURATION,
+            _ => {}
+        }
+        let mut outcome = self.inner.acquire(&inner).await?;
+        match (self.kind, &mut outcome) {
+            (Kind::HeartbeatToTail, AcquireOutcome::Queued { .. }) => {
+                // Leave and join again under a new inner attempt: back to the tail.
+                self.inner
+                    .abandon(&request.name, &request.owner, inner.attempt)
+                    .await?;
+                inner.attempt = AttemptId::random();
+                self.attempts
+                    .lock()
+                    .unwrap()
+                    .insert(request.attempt, inner.attempt);
+                outcome = self.inner.acquire(&inner).await?;
+            }
+            (Kind::Barging, AcquireOutcome::Busy) if !request.queue => {
+                let state = self.inner.inspect(&request.name).await?;
+                if state.holder.is_none() {
+                    if let Some(head) = state.waiters.first() {
+                        let owner = Owner::new(head.owner.clone())?;
+                        self.inner
+                            .abandon(&request.name, &owner, head.attempt)
+                            .await?;
+                        outcome = self.inner.acquire(&inner).await?;
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(match outcome {
+            AcquireOutcome::Granted(grant) => AcquireOutcome::Granted(Grant {
+                token: self.token_out(grant.token),
+                ..grant
+            }),
+            AcquireOutcome::Queued {
+                retry_after,
+                last_token,
+            } => AcquireOutcome::Queued {
+                retry_after,
+                last_token: self.token_out(last_token),
+            },
+            busy => busy,
+        })
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        let inner = self.inner_attempt(owner, attempt);
+        if self.kind == Kind::ForgetsSpent {
+            self.attempts.lock().unwrap().remove(&attempt);
+        }
+        self.inner
+            .release(name, owner, self.token_in(token), inner)
+            .await
+    }
+
+    async fn extend(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        lease: Duration,
+    ) -> Result<bool> {
+        if self.kind == Kind::ExtendNoConfirm {
+            let state = self.inner.inspect(name).await?;
+            if let Some(holder) = state.holder.filter(|h| !h.confirmed) {
+                return Ok(holder.owner == owner.as_str() && holder.token == token);
+            }
+        }
+        let lease = if self.kind == Kind::EndlessLease {
+            MAX_DURATION
+        } else {
+            lease
+        };
+        self.inner
+            .extend(name, owner, self.token_in(token), lease)
+            .await
+    }
+
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        if self.kind == Kind::AbandonIgnored {
+            return Ok(());
+        }
+        let inner = self.inner_attempt(owner, attempt);
+        if self.kind == Kind::ForgetsSpent {
+            self.attempts.lock().unwrap().remove(&attempt);
+        }
+        self.inner.abandon(name, owner, inner).await
+    }
+
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        if self.kind == Kind::ForceAnyToken {
+            if let Some(holder) = self.inner.inspect(name).await?.holder {
+                return self.inner.force_release(name, holder.token).await;
+            }
+        }
+        self.inner.force_release(name, self.token_in(token)).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let mut state = self.inner.inspect(name).await?;
+        if let Some(holder) = state.holder.as_mut() {
+            holder.token = self.token_out(holder.token);
+            if self.kind == Kind::InspectConfirmed {
+                holder.confirmed = true;
+            }
+        }
+        Ok(state)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+        self.inner.list(prefix).await
+    }
+
+    async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
+        let mut inner = self.inner.watch(name, owner).await?;
+        if !matches!(self.kind, Kind::TokensDecrease | Kind::PerOwner) {
+            return Ok(inner);
+        }
+        // Translate what the inner backend sends: tokens, and (per owner) which attempt.
+        let (sender, watch) = Watch::channel();
+        let kind = self.kind;
+        tokio::spawn(async move {
+            while let Some(wake) = inner.recv().await {
+                let wake = match (kind, wake) {
+                    (Kind::TokensDecrease, Wake::Granted { attempt, grant }) => Wake::Granted {
+                        attempt,
+                        grant: Grant {
+                            token: FLIP - grant.token,
+                            ..grant
+                        },
+                    },
+                    // The owner's only "attempt" is not any caller's: they all look again.
+                    (Kind::PerOwner, Wake::Granted { .. }) => Wake::Recheck,
+                    (_, wake) => wake,
+                };
+                if !sender.send(wake) {
+                    return;
+                }
+            }
+        });
+        Ok(watch)
+    }
+}
+
+async fn caught(kind: Kind) -> Vec<String> {
+    let store = MemoryBackend::new();
+    let report = run_checks_within(
+        move || {
+            let handle = if kind == Kind::Unshared {
+                MemoryBackend::new()
+            } else {
+                store.clone()
+            };
+            async move { Arc::new(Mutant::new(kind, handle)) as Arc<dyn LockBackend> }
+        },
+        Duration::from_secs(30),
+    )
+    .await;
+    report
+        .failed
+        .into_iter()
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mutant_is_caught_by_the_check_for_its_clause() {
+    let kinds = [
+        Kind::Unshared,
+        Kind::PerOwner,
+        Kind::NoWakeups,
+        Kind::AbandonIgnored,
+        Kind::ExtendNoConfirm,
+        Kind::TokensDecrease,
+        Kind::HeartbeatToTail,
+        Kind::ForgetsSpent,
+        Kind::ForceAnyToken,
+        Kind::Barging,
+        Kind::EndlessLease,
+        Kind::EndlessWaiters,
+        Kind::InspectConfirmed,
+    ];
+    // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
+    // has to fail the check written for its clause.
+    let mut missed = Vec::new();
+    for group in kinds.chunks(kinds.len()) {
+        let runs: Vec<_> = group
+            .iter()
+            .map(|&kind| tokio::spawn(async move { (kind, caught(kind).await) }))
+            .collect();
+        for run in runs {
+            let (kind, failed) = run.await.expect("mutant run");
+            eprintln!("mutant {kind:?}: caught by {failed:?}");
+            if !expected(kind)
+                .iter()
+                .any(|check| failed.iter().any(|f| f == check))
+            {
+                missed.push(format!(
+                    "{kind:?}: expected one of {:?} to fail, failed: {failed:?}",
+                    expected(kind)
+                ));
+            }
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "mutants not caught:\n{}",
+        missed.join("\n")
+    );
+}
