@@ -1,69 +1,95 @@
 -- acquire: grant, re-enter, confirm a pending grant, or join/stay in the queue.
 --
--- KEYS: H, Q, Z, W, F, C (see prelude.lua)
--- ARGV: 1 owner, 2 lease ms, 3 waiter ttl ms, 4 queue ("1" or "0"), 5 request id, 6 lock name
+-- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
+-- ARGV: 1 owner, 2 attempt, 3 lease ms, 4 waiter ttl ms, 5 queue ("1" or "0"), 6 lock name,
+--       7 resend horizon ms
 -- Returns a string:
---   "G <token> <hold count>"  granted (first grant, re-entry or confirmed hand-over)
+--   "G <token> <hold count>"  the attempt holds a level: first grant, re-entry, confirmed
+--                             hand-over, or a level it already had (a re-send: no change)
 --   "Q <ms> <last token>"     queued; <ms> = holder's remaining lease if the caller is the
 --                             head waiter (re-check then), -1 otherwise; <last token> = the
 --                             highest token issued for this lock (0 if none)
---   "B"                       busy, and the request did not ask to queue
-local owner, lease, waiter_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local may_queue, request_id, name = ARGV[4] == '1', ARGV[5], ARGV[6]
+--   "B"                       busy, and the request did not ask to queue; or the attempt is
+--                             spent (a late re-send), which changes nothing
+local owner, attempt, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local waiter_ttl, may_queue, name = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
+horizon_ms = tonumber(ARGV[7])
 
-local hold = redis.call('HMGET', H, 'o', 'c', 't', 'p', 'hr', 'hv')
-if hold[5] == request_id then
-  return hold[6]
+local problem = check_types(H, Q, Z, W, F, X)
+if problem then
+  return problem
+end
+local hold, fence
+hold, problem = read_hold()
+if problem then
+  return problem
+end
+fence, problem = read_fence()
+if problem then
+  return problem
+end
+local spent = is_spent(attempt)
+
+hold = settle(hold, true)
+if hold then
+  if redis.call('HEXISTS', H, 'l:' .. attempt) == 1 then
+    -- Applied before (a re-sent request, or a reply that was lost): the same grant.
+    return 'G ' .. hold.token .. ' ' .. int(count(hold))
+  end
+  if hold.pending == attempt then
+    -- The grantee confirms its hand-over: the pending level becomes a confirmed one.
+    hold.pending, hold.pending_until = nil, nil
+    hold.confirmed = hold.confirmed + 1
+    redis.call('HDEL', H, 'p', 'pd')
+    redis.call('HSET', H, 'c', int(hold.confirmed), 'l:' .. attempt, '1')
+    lengthen(lease)
+    return 'G ' .. hold.token .. ' ' .. int(count(hold))
+  end
 end
 
-local has_queue = redis.call('LINDEX', Q, 0) ~= false
-if has_queue then
-  evict_expired()
+if spent then
+  -- Granted before or ended: a request of it that comes late changes nothing.
+  return 'B'
 end
 
-if hold[1] == owner then
-  local count = tonumber(hold[2])
-  if not count then
-    return foreign('has no hold count')
-  end
-  if hold[4] == '1' then
-    -- Confirming a hand-over: the hold is the one granted, not a second level.
-    redis.call('HDEL', H, 'p')
-  else
-    count = count + 1
-  end
-  local reply = 'G ' .. hold[3] .. ' ' .. int(count)
-  redis.call('HSET', H, 'c', int(count), 'hr', request_id, 'hv', reply)
-  redis.call('PEXPIRE', H, lease)
+local has_queue = present[Q]
+if hold and hold.owner == owner then
+  -- Re-entry: one more level, for this attempt.
+  hold.confirmed = hold.confirmed + 1
+  redis.call('HSET', H, 'c', int(hold.confirmed), 'l:' .. attempt, '1')
+  lengthen(lease)
   if has_queue then
-    dequeue(owner)
+    dequeue(attempt)
     tidy()
   end
-  return reply
+  spend(attempt)
+  save_spent()
+  return 'G ' .. hold.token .. ' ' .. int(count(hold))
 end
 
-local fence = redis.call('HMGET', F, 't', 'n')
-local held = hold[1] ~= false
-local head_ticket, head_owner
+local head_ticket, head_attempt
 if has_queue then
-  head_ticket, head_owner = head()
+  evict_expired()
+  local _
+  head_ticket, _, head_attempt = head()
 end
 
-if not held and (not head_ticket or head_owner == owner) then
+if not hold and (not head_ticket or head_attempt == attempt) then
   if head_ticket then
-    dequeue(owner)
+    dequeue(attempt)
   end
-  local token = next_token(fence[1])
-  local reply = 'G ' .. token .. ' 1'
-  redis.call('HSET', H, 'o', owner, 'c', 1, 't', token, 'hr', request_id, 'hv', reply)
-  redis.call('PEXPIRE', H, lease)
-  if fence[2] == name then
+  local token = next_token(fence.token)
+  redis.call('HSET', H, 'o', owner, 't', token, 'c', 1, 'l:' .. attempt, '1')
+  redis.call('PEXPIRE', H, int(lease))
+  if fence.name == name then
     redis.call('HSET', F, 't', token)
   else
     redis.call('HSET', F, 't', token, 'n', name)
   end
   tidy()
-  return reply
+  spend(attempt)
+  save_spent()
+  return 'G ' .. token .. ' 1'
 end
 
 if not may_queue then
@@ -71,33 +97,41 @@ if not may_queue then
   return 'B'
 end
 
--- Join, or refresh the deadline and keep the place; a waiter already expired has lost it.
-local ticket = has_queue and redis.call('HGET', W, '@' .. owner) or nil
+-- Join, or refresh the deadline and keep the place; an entry already expired has lost it.
+local ticket = nil
+if has_queue then
+  ticket = redis.call('HGET', W, '@' .. attempt) or nil
+end
 if ticket then
   local current = tonumber(redis.call('ZSCORE', Z, ticket))
   if not current or current <= now_ms then
-    drop_ticket(ticket)
+    drop_ticket(ticket, attempt, true)
     ticket = nil
   end
 end
 if not ticket then
   ticket = int(redis.call('HINCRBY', F, 's', 1))
   redis.call('RPUSH', Q, ticket)
-  redis.call('HSET', W, '@' .. owner, ticket)
+  redis.call('HSET', W, '@' .. attempt, ticket)
   if not head_ticket then
-    head_ticket, head_owner = ticket, owner
+    head_ticket, head_attempt = ticket, attempt
   end
 end
 redis.call('ZADD', Z, int(now_ms + waiter_ttl), ticket)
-redis.call('HSET', W, '#' .. ticket, int(waiter_ttl) .. ':' .. owner)
-if fence[2] ~= name then
+redis.call('HSET', W, '#' .. ticket, int(waiter_ttl) .. ':' .. attempt .. ':' .. owner)
+if fence.name ~= name then
   redis.call('HSET', F, 'n', name)
 end
 expire_queue_keys()
 tidy()
 
-local last_token = fence[1] or '0'
-if held and head_owner == owner then
-  return 'Q ' .. int(redis.call('PTTL', H)) .. ' ' .. last_token
+local last_token = fence.token or '0'
+if hold and head_attempt == attempt then
+  -- When the hold ends: its lease, or sooner when its only level is a pending one.
+  local left = math.max(redis.call('PTTL', H), 0)
+  if hold.confirmed == 0 and hold.pending_until then
+    left = math.min(left, hold.pending_until - now_ms)
+  end
+  return 'Q ' .. int(left) .. ' ' .. last_token
 end
 return 'Q -1 ' .. last_token

@@ -1,15 +1,28 @@
--- extend: set the lease of the holder with the matching token (confirms a pending grant).
+-- extend: lengthen the lease of the hold with the matching owner and token. A pending level
+-- is confirmed only by its own attempt's acquire, never here: another level's renewal must not
+-- keep a dead grantee's level alive.
 --
--- KEYS: H, Q, Z, W, F, C (see prelude.lua)
--- ARGV: 1 owner, 2 token, 3 lease ms, 4 request id
+-- KEYS: H, Q, Z, W, F, C, X (see prelude.lua); only H is used.
+-- ARGV: 1 owner, 2 token, 3 lease ms
 -- Returns a string: "1" extended, "0" not held by owner with that token (no change).
--- Applying it twice only moves the lease end a little later, so it needs no replay check,
--- and it leaves hr/hv alone so a re-sent release or acquire of this hold is still recognised.
-local owner, token, lease = ARGV[1], ARGV[2], ARGV[3]
+-- The lease is never shortened, so applying it again (a re-send) is harmless.
+local owner, token, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-if redis.call('HGET', H, 'o') ~= owner or redis.call('HGET', H, 't') ~= token then
+local problem = check_types(H)
+if problem then
+  return problem
+end
+local hold
+hold, problem = read_hold()
+if problem then
+  return problem
+end
+if not hold or hold.owner ~= owner or hold.token ~= token then
   return '0'
 end
-redis.call('HDEL', H, 'p')
-redis.call('PEXPIRE', H, lease)
+hold = settle(hold, true)
+if not hold then
+  return '0'
+end
+lengthen(lease)
 return '1'

@@ -1,22 +1,32 @@
--- force_release: free the lock whoever holds it, whatever the count, and hand over.
+-- force_release: free the hold with the given token, whoever holds it and whatever its
+-- count, and hand over. Naming the token makes a re-send harmless: no later hold has it.
 --
--- KEYS: H, Q, Z, W, F, C (see prelude.lua)
--- ARGV: 1 request id
--- Returns a string: "1" if it was held, "0" if not.
-local request_id = ARGV[1]
+-- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
+-- ARGV: 1 token, 2 resend horizon ms
+-- Returns a string: "1" if that hold existed (it is freed and handed on), else "0".
+local token = ARGV[1]
+horizon_ms = tonumber(ARGV[2])
 
-local hold = redis.call('HMGET', H, 'hr', 'hv')
-if hold[1] == request_id then
-  return hold[2]
+local problem = check_types(H, Q, Z, W, F, X)
+if problem then
+  return problem
 end
-local fence = redis.call('HMGET', F, 'r', 'v', 't')
-if fence[1] == request_id then
-  return fence[2]
+local hold, fence
+hold, problem = read_hold()
+if problem then
+  return problem
 end
-if redis.call('DEL', H) == 0 then
+fence, problem = read_fence()
+if problem then
+  return problem
+end
+
+hold = settle(hold, true)
+if not hold or hold.token ~= token then
   return '0'
 end
-hand_over(request_id, '1', fence[3])
-redis.call('HSET', F, 'r', request_id, 'v', '1')
+redis.call('DEL', H)
+hand_over(fence.token)
 tidy()
+save_spent()
 return '1'

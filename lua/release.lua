@@ -1,35 +1,47 @@
--- release: one level down for the holder with the matching token; at 0, hand over.
+-- release: remove one attempt's level from the hold with the matching owner and token, and
+-- end the attempt; at 0 levels, hand over.
 --
--- KEYS: H, Q, Z, W, F, C (see prelude.lua)
--- ARGV: 1 owner, 2 token, 3 request id
--- Returns a string: "R <remaining hold count>", or "N" (not held with that token; no change).
-local owner, token, request_id = ARGV[1], ARGV[2], ARGV[3]
+-- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
+-- ARGV: 1 owner, 2 token, 3 attempt, 4 resend horizon ms
+-- Returns a string: "R <remaining hold count>"; also "R <count>" when the hold has no level
+-- of the attempt but the attempt was spent before (a re-sent release). "N" when owner holds
+-- no hold with that token (expired, force-released), or one without a level of an attempt
+-- that was never spent: nothing changed but the attempt is recorded as spent.
+local owner, token, attempt = ARGV[1], ARGV[2], ARGV[3]
+horizon_ms = tonumber(ARGV[4])
 
-local hold = redis.call('HMGET', H, 'o', 'c', 't', 'hr', 'hv')
-if hold[4] == request_id then
-  return hold[5]
+local problem = check_types(H, Q, Z, W, F, X)
+if problem then
+  return problem
 end
-local fence = redis.call('HMGET', F, 'r', 'v', 't')
-if fence[1] == request_id then
-  return fence[2]
+local hold, fence
+hold, problem = read_hold()
+if problem then
+  return problem
 end
-if hold[1] ~= owner or hold[3] ~= token then
-  return 'N'
-end
-local count = tonumber(hold[2])
-if not count then
-  return foreign('has no hold count')
-end
-
-if count > 1 then
-  local reply = 'R ' .. int(count - 1)
-  redis.call('HSET', H, 'c', int(count - 1), 'hr', request_id, 'hv', reply)
-  return reply
+fence, problem = read_fence()
+if problem then
+  return problem
 end
 
-local reply = 'R 0'
-redis.call('DEL', H)
-hand_over(request_id, reply, fence[3])
-redis.call('HSET', F, 'r', request_id, 'v', reply)
-tidy()
+-- Whatever happens, the attempt has ended: a re-sent acquire of it changes nothing.
+local already = is_spent(attempt)
+spend(attempt)
+
+hold = settle(hold, true)
+local reply
+if not hold or hold.owner ~= owner or hold.token ~= token then
+  reply = 'N'
+elseif not remove_level(hold, attempt) then
+  reply = already and ('R ' .. int(count(hold))) or 'N'
+else
+  local remaining = count(hold)
+  if remaining == 0 then
+    redis.call('DEL', H)
+    hand_over(fence.token)
+    tidy()
+  end
+  reply = 'R ' .. int(remaining)
+end
+save_spent()
 return reply

@@ -99,6 +99,30 @@ pub fn all_keys(port: u16) -> Vec<String> {
     keys
 }
 
+/// Every key on the server at `port` that stays: all but the locks' records of spent attempts
+/// (`<prefix>{<name>}:x`), which expire by themselves at most
+/// [`RESEND_HORIZON`](fairlock::backend::RESEND_HORIZON) after the lock's last grant or
+/// release. Sorted.
+///
+/// # Panics
+/// If such a record has no expiry, or one beyond the horizon.
+pub fn lasting_keys(port: u16) -> Vec<String> {
+    let horizon = i64::try_from(fairlock::backend::RESEND_HORIZON.as_millis()).unwrap_or(i64::MAX);
+    let mut lasting = Vec::new();
+    for key in all_keys(port) {
+        if key.ends_with("}:x") {
+            let ttl: i64 = cli(port, None, &["PTTL", &key]).parse().unwrap_or(-1);
+            assert!(
+                ttl > 0 && ttl <= horizon,
+                "{key} must expire within the resend horizon: PTTL {ttl}"
+            );
+        } else {
+            lasting.push(key);
+        }
+    }
+    lasting
+}
+
 /// One integer field of `INFO <section>` (e.g. `commandstats`'s `cmdstat_eval` `calls`), or 0.
 pub fn info_field(port: u16, section: &str, line_prefix: &str, field: &str) -> u64 {
     let info = cli(port, None, &["INFO", section]);

@@ -309,14 +309,14 @@ async fn foreign_data_at_any_key_of_a_lock_is_a_conflict() {
     )
     .await;
     // Every call either works without touching the foreign value or is refused with
-    // Conflict; and a call that needs the key is refused. `:h` and `:f` are read by every
-    // acquisition; the queue's keys (`:q`, `:z`, `:w`) only once someone has to wait, so for
-    // those a second owner queues behind a holder.
+    // Conflict; and a call that needs the key is refused. `:h`, `:f` and `:x` (spent attempts)
+    // are read by every acquisition; the queue's keys (`:q`, `:z`, `:w`) only once someone has
+    // to wait, so for those a second owner queues behind a holder.
     let ok_or_conflict = |what: String, result: fairlock::Result<()>| match result {
         Ok(()) | Err(Error::Conflict { .. }) => {}
         Err(err) => panic!("{what}: expected success or Conflict, got {err:?}"),
     };
-    for suffix in ["h", "q", "z", "w", "f"] {
+    for suffix in ["h", "q", "z", "w", "f", "x"] {
         let key = format!("fairlock:{{victim}}:{suffix}");
         let queue_key = ["q", "z", "w"].contains(&suffix);
         let holder = if queue_key {

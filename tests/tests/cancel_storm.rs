@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fairlock::{Error, LockClient};
-use fairlock_faults::redis_env::{all_keys, bounded, client, options};
+use fairlock_faults::redis_env::{bounded, client, lasting_keys, options};
 use fairlock_testsupport::RedisServer;
 use rand::Rng;
 use tokio::time::{sleep, Instant};
@@ -165,7 +165,7 @@ async fn thousands_of_cancelled_acquisitions_leave_nothing_behind() {
     .await;
     let settle = settled.elapsed();
 
-    let keys = all_keys(server.port());
+    let keys = lasting_keys(server.port());
     let expected: Vec<String> = LOCKS
         .iter()
         .map(|n| format!("fairlock:{{{n}}}:f"))

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fairlock::{Error, FairLock, LockGuard};
 use fairlock_faults::holds::{Hold, Holds};
-use fairlock_faults::redis_env::{all_keys, bounded, cli, client, options};
+use fairlock_faults::redis_env::{bounded, cli, client, lasting_keys, options};
 use fairlock_testsupport::RedisServer;
 use tokio::time::{sleep, Instant};
 
@@ -192,8 +192,8 @@ async fn restart_under_contention(outage: Duration) {
     );
     quiet_fresh.unlock().await.unwrap();
 
-    // Nothing is left behind but the fence keys.
-    let keys = all_keys(server.port());
+    // Nothing is left behind but the fence keys (and spent-attempt records, which expire).
+    let keys = lasting_keys(server.port());
     assert_eq!(keys, ["fairlock:{contended}:f", "fairlock:{quiet}:f"]);
 
     let first = holds.first().map(|h| h.start - up);

@@ -202,7 +202,7 @@ fn list_text(locks: &[LockSummary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fairlock::backend::{HolderState, WaiterState};
+    use fairlock::backend::{AttemptId, HolderState, WaiterState};
 
     fn sample() -> LockState {
         LockState {
@@ -216,6 +216,7 @@ mod tests {
             }),
             waiters: vec![WaiterState {
                 owner: "b2".into(),
+                attempt: AttemptId::from_u128(1),
                 deadline_in: Duration::from_millis(4_900),
             }],
         }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, Grant, HolderState, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, WaiterState, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Grant, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, WaiterState, Watch, RESEND_HORIZON,
 };
 use fairlock::{Error, LockName, Owner, Result};
 use fred::interfaces::ClientLike;
@@ -17,11 +17,6 @@ use crate::error::{self, Context, BACKEND};
 use crate::keys::{LockKeys, DEADLINES_SUFFIX, HOLDER_SUFFIX};
 use crate::scripts::Script;
 use crate::RedisBackend;
-
-/// A fresh id for one mutating call, so a re-sent script is recognised (see `prelude.lua`).
-fn request_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
 
 fn millis(duration: Duration) -> String {
     duration
@@ -78,7 +73,7 @@ impl RedisBackend {
         };
         let fields: Option<Vec<String>> = items.iter().map(Value::as_string).collect();
         let fields = fields.ok_or_else(|| bad_reply(script.name, &reply))?;
-        if fields.len() < 6 || (fields.len() - 6) % 2 != 0 {
+        if fields.len() < 6 || (fields.len() - 6) % 3 != 0 {
             return Err(bad_reply(script.name, &reply));
         }
         let number = |text: &str| -> Result<u64> {
@@ -97,11 +92,14 @@ impl RedisBackend {
             })
         };
         let waiters = fields[6..]
-            .chunks(2)
-            .map(|pair| {
+            .chunks(3)
+            .map(|waiter| {
                 Ok(WaiterState {
-                    owner: pair[0].clone(),
-                    deadline_in: Duration::from_millis(number(&pair[1])?),
+                    owner: waiter[0].clone(),
+                    attempt: waiter[1]
+                        .parse()
+                        .map_err(|_| bad_reply(script.name, &reply))?,
+                    deadline_in: Duration::from_millis(number(&waiter[2])?),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -197,19 +195,31 @@ impl LockBackend for RedisBackend {
         let name = request.name.as_str();
         let args = vec![
             request.owner.as_str().to_owned(),
+            request.attempt.to_string(),
             millis(request.lease),
             millis(request.waiter_ttl),
             if request.queue { "1" } else { "0" }.to_owned(),
-            request_id(),
             name.to_owned(),
+            millis(RESEND_HORIZON),
         ];
         let reply = self.run_for_text(script, name, args).await?;
         parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))
     }
 
-    async fn release(&self, name: &LockName, owner: &Owner, token: u64) -> Result<ReleaseOutcome> {
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
         let script = &self.inner.scripts.release;
-        let args = vec![owner.as_str().to_owned(), token.to_string(), request_id()];
+        let args = vec![
+            owner.as_str().to_owned(),
+            token.to_string(),
+            attempt.to_string(),
+            millis(RESEND_HORIZON),
+        ];
         let reply = self.run_for_text(script, name.as_str(), args).await?;
         parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))
     }
@@ -222,12 +232,7 @@ impl LockBackend for RedisBackend {
         lease: Duration,
     ) -> Result<bool> {
         let script = &self.inner.scripts.extend;
-        let args = vec![
-            owner.as_str().to_owned(),
-            token.to_string(),
-            millis(lease),
-            request_id(),
-        ];
+        let args = vec![owner.as_str().to_owned(), token.to_string(), millis(lease)];
         match self
             .run_for_text(script, name.as_str(), args)
             .await?
@@ -239,9 +244,13 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        let script = &self.inner.scripts.leave_queue;
-        let args = vec![owner.as_str().to_owned(), request_id()];
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        let script = &self.inner.scripts.abandon;
+        let args = vec![
+            owner.as_str().to_owned(),
+            attempt.to_string(),
+            millis(RESEND_HORIZON),
+        ];
         match self
             .run_for_text(script, name.as_str(), args)
             .await?
@@ -252,10 +261,14 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<bool> {
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
         let script = &self.inner.scripts.force_release;
         match self
-            .run_for_text(script, name.as_str(), vec![request_id()])
+            .run_for_text(
+                script,
+                name.as_str(),
+                vec![token.to_string(), millis(RESEND_HORIZON)],
+            )
             .await?
             .as_str()
         {

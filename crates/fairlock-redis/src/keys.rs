@@ -2,23 +2,26 @@
 
 use sha2::{Digest, Sha256};
 
-/// The keys of one lock, in the order every script takes them (`KEYS[1..6]`).
+/// The keys of one lock, in the order every script takes them (`KEYS[1..7]`).
 ///
 /// All of them are `{prefix}{<tag>}:<suffix>`, so they share one Cluster hash slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockKeys {
-    /// Hash: the holder.
+    /// Hash: the hold (owner, token, levels, pending level).
     pub(crate) holder: String,
     /// List: FIFO of waiter tickets.
     pub(crate) queue: String,
     /// Sorted set: live tickets by liveness deadline.
     pub(crate) deadlines: String,
-    /// Hash: ticket -> waiter record, owner -> ticket.
+    /// Hash: ticket -> waiter record, attempt -> ticket.
     pub(crate) waiters: String,
-    /// Hash that is never deleted: last fencing token, last ticket, name, last request.
+    /// Hash that is never deleted: last fencing token, last ticket, name.
     pub(crate) fence: String,
     /// Shard channel of wake-ups.
     pub(crate) channel: String,
+    /// Sorted set: spent attempts (granted a level, released or abandoned), by when they are
+    /// forgotten. Last, so the channel keeps its place.
+    pub(crate) spent: String,
 }
 
 /// Suffix of the holder hash; `list` scans for it.
@@ -62,6 +65,7 @@ impl LockKeys {
             waiters: key(":w"),
             fence: key(":f"),
             channel: key(":c"),
+            spent: key(":x"),
         }
     }
 
@@ -81,6 +85,7 @@ impl LockKeys {
             self.waiters.clone(),
             self.fence.clone(),
             self.channel.clone(),
+            self.spent.clone(),
         ]
     }
 }

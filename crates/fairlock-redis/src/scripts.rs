@@ -31,7 +31,7 @@ pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) extend: Script,
-    pub(crate) leave_queue: Script,
+    pub(crate) abandon: Script,
     pub(crate) force_release: Script,
     pub(crate) inspect: Script,
 }
@@ -42,7 +42,7 @@ impl Scripts {
             acquire: script!("acquire"),
             release: script!("release"),
             extend: script!("extend"),
-            leave_queue: script!("leave_queue"),
+            abandon: script!("abandon"),
             force_release: script!("force_release"),
             inspect: script!("inspect"),
         }

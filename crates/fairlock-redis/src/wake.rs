@@ -1,9 +1,10 @@
 //! Wake-ups: one subscriber connection per backend fans messages out to local waiters.
 //!
-//! Each lock has a shard channel. The scripts publish `G <token> <owner>` when they hand the
-//! lock to `owner`, and `R <owner>` when `owner` should look again. Locally, a channel maps
-//! to the waiters of this process, by owner; the channel is subscribed while it has at least
-//! one local waiter.
+//! Each lock has a shard channel. The scripts publish `G <token> <attempt> <owner>` when they
+//! hand the lock to that attempt of `owner`, and `R <owner>` when `owner` should look again.
+//! Locally, a channel maps to the watches of this process, by owner: every watch of the owner
+//! gets the message, and the core tells its attempts apart. The channel is subscribed while
+//! it has at least one local watch.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -245,19 +246,25 @@ impl Drop for Registration {
     }
 }
 
-/// `G <token> <owner>` or `R <owner>`; owners may contain spaces, so the owner is the rest.
+/// `G <token> <attempt> <owner>` or `R <owner>`; owners may contain spaces, so the owner is
+/// the rest.
 fn parse(payload: &str) -> Option<(&str, Wake)> {
     let (kind, rest) = payload.split_once(' ')?;
     match kind {
         "G" => {
-            let (token, owner) = rest.split_once(' ')?;
+            let (token, rest) = rest.split_once(' ')?;
+            let (attempt, owner) = rest.split_once(' ')?;
             let token = token.parse().ok()?;
+            let attempt = attempt.parse().ok()?;
             Some((
                 owner,
-                Wake::Granted(Grant {
-                    token,
-                    hold_count: 1,
-                }),
+                Wake::Granted {
+                    attempt,
+                    grant: Grant {
+                        token,
+                        hold_count: 1,
+                    },
+                },
             ))
         }
         "R" => Some((rest, Wake::Recheck)),
@@ -268,21 +275,28 @@ fn parse(payload: &str) -> Option<(&str, Wake)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fairlock::backend::AttemptId;
 
     #[test]
     fn parses_messages() {
+        let attempt = AttemptId::from_u128(0xab);
         assert_eq!(
-            parse("G 17 job 42"),
+            parse(&format!("G 17 {attempt} job 42")),
             Some((
                 "job 42",
-                Wake::Granted(Grant {
-                    token: 17,
-                    hold_count: 1
-                })
+                Wake::Granted {
+                    attempt,
+                    grant: Grant {
+                        token: 17,
+                        hold_count: 1
+                    }
+                }
             ))
         );
         assert_eq!(parse("R a b"), Some(("a b", Wake::Recheck)));
-        assert_eq!(parse("G x owner"), None);
+        assert_eq!(parse(&format!("G x {attempt} owner")), None);
+        assert_eq!(parse("G 17 not-an-attempt owner"), None);
+        assert_eq!(parse("G 17 owner"), None);
         assert_eq!(parse("hello"), None);
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use common::{name, owner, request, Server};
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, Grant, LockBackend, ReleaseOutcome, Wake, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Grant, LockBackend, ReleaseOutcome, Wake, Watch,
+    RESEND_HORIZON,
 };
 use fairlock::{Error, LockName};
 use fairlock_redis::RedisBackend;
@@ -25,6 +26,26 @@ async fn queued(backend: &RedisBackend, request: &AcquireRequest) -> Option<Dura
     }
 }
 
+async fn busy(backend: &RedisBackend, request: &AcquireRequest) {
+    let outcome = backend.acquire(request).await.unwrap();
+    assert_eq!(outcome, AcquireOutcome::Busy, "{}", request.owner);
+}
+
+/// Releases the level of `request`'s attempt from the hold with `token`.
+async fn release(backend: &RedisBackend, request: &AcquireRequest, token: u64) -> ReleaseOutcome {
+    backend
+        .release(&request.name, &request.owner, token, request.attempt)
+        .await
+        .unwrap()
+}
+
+async fn abandon(backend: &RedisBackend, request: &AcquireRequest) {
+    backend
+        .abandon(&request.name, &request.owner, request.attempt)
+        .await
+        .unwrap();
+}
+
 async fn next_wake(watch: &mut Watch) -> Wake {
     tokio::time::timeout(Duration::from_secs(5), watch.recv())
         .await
@@ -32,9 +53,31 @@ async fn next_wake(watch: &mut Watch) -> Wake {
         .expect("the watch is open")
 }
 
+/// The next wake-up, which must be a hand-over to `request`'s attempt.
+async fn handed_over(watch: &mut Watch, request: &AcquireRequest) -> Grant {
+    match next_wake(watch).await {
+        Wake::Granted { attempt, grant } => {
+            assert_eq!(attempt, request.attempt, "handed to another attempt");
+            assert_eq!(grant.hold_count, 1);
+            grant
+        }
+        other => panic!("{} expected a hand-over, got {other:?}", request.owner),
+    }
+}
+
 fn with_ttl(mut request: AcquireRequest, ttl_ms: u64) -> AcquireRequest {
     request.waiter_ttl = Duration::from_millis(ttl_ms);
     request
+}
+
+fn with_lease(mut request: AcquireRequest, lease_ms: u64) -> AcquireRequest {
+    request.lease = Duration::from_millis(lease_ms);
+    request
+}
+
+/// The key of lock `name` with this suffix (`h`, `q`, ...), under the default prefix.
+fn key(name: &LockName, suffix: &str) -> String {
+    format!("fairlock:{{{}}}:{suffix}", name.as_str())
 }
 
 /// Keys left under this lock's tag, found with `redis-cli --scan`.
@@ -49,62 +92,82 @@ fn keys_of(server: &Server, name: &LockName) -> Vec<String> {
     keys
 }
 
+/// What an idle lock keeps once attempts have ended on it: the fence, and the ended-attempt
+/// records, which expire by themselves.
+fn idle_keys(name: &LockName) -> Vec<String> {
+    vec![key(name, "f"), key(name, "x")]
+}
+
+async fn hold_count(backend: &RedisBackend, lock: &LockName) -> Option<u32> {
+    let state = backend.inspect(lock).await.unwrap();
+    state.holder.map(|holder| holder.hold_count)
+}
+
+async fn lease_left(backend: &RedisBackend, lock: &LockName) -> Duration {
+    let state = backend.inspect(lock).await.unwrap();
+    state.holder.expect("held").lease_remaining
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_in_fifo_order_through_hand_over() {
     let server = Server::start();
     let backend = server.backend().await;
     let lock = name();
     let (a, b, c, d) = (owner("a"), owner("b"), owner("c"), owner("d"));
-    let first = granted(&backend, &request(&lock, &a, true)).await;
+    let first_request = request(&lock, &a, true);
+    let first = granted(&backend, &first_request).await;
     assert_eq!(first.hold_count, 1);
 
-    let mut watches = Vec::new();
+    let mut waiters = Vec::new();
     for waiter in [&b, &c, &d] {
-        watches.push(backend.watch(&lock, waiter).await.unwrap());
-        queued(&backend, &request(&lock, waiter, true)).await;
+        let watch = backend.watch(&lock, waiter).await.unwrap();
+        let waiting = request(&lock, waiter, true);
+        queued(&backend, &waiting).await;
+        waiters.push((waiting, watch));
     }
     let state = backend.inspect(&lock).await.unwrap();
     let order: Vec<&str> = state.waiters.iter().map(|w| w.owner.as_str()).collect();
     assert_eq!(order, ["b", "c", "d"]);
+    let attempts: Vec<AttemptId> = state.waiters.iter().map(|w| w.attempt).collect();
+    let expected: Vec<AttemptId> = waiters.iter().map(|(r, _)| r.attempt).collect();
+    assert_eq!(attempts, expected, "inspect names each entry's attempt");
 
-    let mut holder = (a.clone(), first.token);
-    for (waiter, watch) in [&b, &c, &d].into_iter().zip(watches.iter_mut()) {
-        let released = backend.release(&lock, &holder.0, holder.1).await.unwrap();
+    let mut holder = (first_request, first.token);
+    for (waiting, mut watch) in waiters {
+        let released = release(&backend, &holder.0, holder.1).await;
         assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
-        let Wake::Granted(grant) = next_wake(watch).await else {
-            panic!("{waiter} expected a hand-over");
-        };
+        let grant = handed_over(&mut watch, &waiting).await;
         assert!(grant.token > holder.1, "tokens grow");
         let pending = backend.inspect(&lock).await.unwrap().holder.unwrap();
         assert_eq!(
-            (pending.owner.as_str(), pending.confirmed),
-            (waiter.as_str(), false)
+            (
+                pending.owner.as_str(),
+                pending.hold_count,
+                pending.confirmed
+            ),
+            (waiting.owner.as_str(), 1, false)
         );
         // Confirming by acquire keeps the count at 1 and the token.
-        let confirmed = granted(&backend, &request(&lock, waiter, true)).await;
+        let confirmed = granted(&backend, &waiting).await;
         assert_eq!(confirmed, grant);
-        assert!(
-            backend
-                .inspect(&lock)
-                .await
-                .unwrap()
-                .holder
-                .unwrap()
-                .confirmed
-        );
-        holder = (waiter.clone(), grant.token);
+        let holder_state = backend.inspect(&lock).await.unwrap().holder.unwrap();
+        assert!(holder_state.confirmed);
+        assert_eq!(holder_state.hold_count, 1);
+        holder = (waiting, grant.token);
     }
-    backend.release(&lock, &holder.0, holder.1).await.unwrap();
-    assert_eq!(keys_of(&server, &lock), [format!("fairlock:{{{lock}}}:f")]);
+    release(&backend, &holder.0, holder.1).await;
+    assert_eq!(keys_of(&server, &lock), idle_keys(&lock));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reentrant_acquire_keeps_the_token_and_counts() {
+async fn reentrant_acquire_keeps_the_token_and_counts_levels() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a) = (name(), owner("a"));
-    let first = granted(&backend, &request(&lock, &a, false)).await;
-    let second = granted(&backend, &request(&lock, &a, false)).await;
+    let outer = request(&lock, &a, false);
+    let inner = request(&lock, &a, false);
+    let first = granted(&backend, &outer).await;
+    let second = granted(&backend, &inner).await;
     assert_eq!(
         second,
         Grant {
@@ -112,35 +175,237 @@ async fn reentrant_acquire_keeps_the_token_and_counts() {
             hold_count: 2
         }
     );
+    // An attempt is one level, however often it asks.
+    assert_eq!(granted(&backend, &inner).await, second);
+    assert_eq!(granted(&backend, &outer).await, second);
 
-    let wrong = backend.release(&lock, &a, first.token + 1).await.unwrap();
-    assert_eq!(wrong, ReleaseOutcome::NotHeld);
-    let other = backend
-        .release(&lock, &owner("b"), first.token)
-        .await
-        .unwrap();
-    assert_eq!(other, ReleaseOutcome::NotHeld);
+    // Releases that name no level of this hold change nothing (fresh attempts each time: a
+    // release ends the attempt it names).
+    let stranger = request(&lock, &a, false);
     assert_eq!(
-        backend
-            .inspect(&lock)
-            .await
-            .unwrap()
-            .holder
-            .unwrap()
-            .hold_count,
-        2
+        release(&backend, &stranger, first.token + 1).await,
+        ReleaseOutcome::NotHeld
     );
+    let stranger = request(&lock, &a, false);
+    assert_eq!(
+        release(&backend, &stranger, first.token).await,
+        ReleaseOutcome::NotHeld,
+        "an attempt that holds no level"
+    );
+    let other_owner = AcquireRequest {
+        attempt: outer.attempt,
+        ..request(&lock, &owner("b"), false)
+    };
+    assert_eq!(
+        release(&backend, &other_owner, first.token).await,
+        ReleaseOutcome::NotHeld
+    );
+    assert_eq!(hold_count(&backend, &lock).await, Some(2));
+}
 
-    let one = backend.release(&lock, &a, first.token).await.unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_remove_the_level_they_name_once() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a) = (name(), owner("a"));
+    let outer = request(&lock, &a, false);
+    let inner = request(&lock, &a, false);
+    let grant = granted(&backend, &outer).await;
+    granted(&backend, &inner).await;
+
+    // Out of order: the outer level first.
+    let one = release(&backend, &outer, grant.token).await;
     assert_eq!(one, ReleaseOutcome::Released { remaining: 1 });
-    let zero = backend.release(&lock, &a, first.token).await.unwrap();
+    // Re-sent: the attempt is gone, so nothing more is removed.
+    let again = release(&backend, &outer, grant.token).await;
+    assert_eq!(again, ReleaseOutcome::Released { remaining: 1 });
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
+    let zero = release(&backend, &inner, grant.token).await;
     assert_eq!(zero, ReleaseOutcome::Released { remaining: 0 });
-    let again = backend.release(&lock, &a, first.token).await.unwrap();
+    // The hold is gone: nothing to release under that token any more.
+    let again = release(&backend, &inner, grant.token).await;
     assert_eq!(again, ReleaseOutcome::NotHeld);
+    assert_eq!(hold_count(&backend, &lock).await, None);
     assert!(!backend
-        .extend(&lock, &a, first.token, Duration::from_secs(1))
+        .extend(&lock, &a, grant.token, Duration::from_secs(1))
         .await
         .unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_release_never_drops_a_newer_level() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a) = (name(), owner("a"));
+    let (x, w, y) = (
+        request(&lock, &a, false),
+        request(&lock, &a, false),
+        request(&lock, &a, false),
+    );
+    let grant = granted(&backend, &x).await;
+    granted(&backend, &w).await;
+    // Release x: 2 -> 1. Re-entry by y: 1 -> 2. Then x's release arrives again (a re-send):
+    // with counts alone it would take y's level; with attempts it finds x gone.
+    assert_eq!(
+        release(&backend, &x, grant.token).await,
+        ReleaseOutcome::Released { remaining: 1 }
+    );
+    assert_eq!(granted(&backend, &y).await.hold_count, 2);
+    assert_eq!(
+        release(&backend, &x, grant.token).await,
+        ReleaseOutcome::Released { remaining: 2 }
+    );
+    assert_eq!(hold_count(&backend, &lock).await, Some(2));
+    assert_eq!(
+        release(&backend, &y, grant.token).await,
+        ReleaseOutcome::Released { remaining: 1 }
+    );
+    assert_eq!(
+        release(&backend, &w, grant.token).await,
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_acquire_of_an_ended_attempt_changes_nothing() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let first = request(&lock, &a, true);
+    let grant = granted(&backend, &first).await;
+    assert_eq!(
+        release(&backend, &first, grant.token).await,
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+    // The acquire arrives again after its release: the lock stays free.
+    busy(&backend, &first).await;
+    assert_eq!(backend.inspect(&lock).await.unwrap().holder, None);
+    assert!(!keys_of(&server, &lock).contains(&key(&lock, "h")));
+
+    // Also when someone else holds it: not queued either.
+    let other = request(&lock, &b, true);
+    granted(&backend, &other).await;
+    busy(&backend, &first).await;
+    assert!(backend.inspect(&lock).await.unwrap().waiters.is_empty());
+
+    // An abandoned waiter's heartbeat that arrives late does not queue it again.
+    let waiting = request(&lock, &a, true);
+    queued(&backend, &waiting).await;
+    abandon(&backend, &waiting).await;
+    busy(&backend, &waiting).await;
+    assert!(backend.inspect(&lock).await.unwrap().waiters.is_empty());
+
+    // And an abandoned re-entry (its reply was lost) is not granted again.
+    let reentry = request(&lock, &b, true);
+    assert_eq!(granted(&backend, &reentry).await.hold_count, 2);
+    abandon(&backend, &reentry).await;
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
+    busy(&backend, &reentry).await;
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_force_release_frees_nothing_later() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let first = granted(&backend, &request(&lock, &a, true)).await;
+    assert!(backend.force_release(&lock, first.token).await.unwrap());
+    let second = granted(&backend, &request(&lock, &b, true)).await;
+    assert!(second.token > first.token);
+    // The same force release again: it names the old hold, which is gone.
+    assert!(!backend.force_release(&lock, first.token).await.unwrap());
+    let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
+    assert_eq!((holder.owner.as_str(), holder.token), ("b", second.token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandon_touches_only_its_own_attempt() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    // Two queued attempts of one owner: two entries.
+    let holding = request(&lock, &b, true);
+    let grant = granted(&backend, &holding).await;
+    let (first, second) = (request(&lock, &a, true), request(&lock, &a, true));
+    queued(&backend, &first).await;
+    queued(&backend, &second).await;
+    assert_eq!(backend.inspect(&lock).await.unwrap().waiters.len(), 2);
+    abandon(&backend, &first).await;
+    let waiters = backend.inspect(&lock).await.unwrap().waiters;
+    assert_eq!(waiters.len(), 1);
+    assert_eq!(waiters[0].attempt, second.attempt);
+
+    // Two levels of one owner: abandoning one leaves the other.
+    let mut watch = backend.watch(&lock, &a).await.unwrap();
+    release(&backend, &holding, grant.token).await;
+    let to_second = handed_over(&mut watch, &second).await;
+    let third = request(&lock, &a, true);
+    assert_eq!(granted(&backend, &third).await.hold_count, 2);
+    abandon(&backend, &second).await;
+    let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
+    assert_eq!(
+        (holder.hold_count, holder.token, holder.confirmed),
+        (1, to_second.token, true),
+        "the pending level went, the re-entry stays"
+    );
+    // A stranger's abandon of the same attempt id changes nothing of a's hold.
+    let stranger = AcquireRequest {
+        attempt: third.attempt,
+        ..request(&lock, &b, true)
+    };
+    abandon(&backend, &stranger).await;
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
+    assert_eq!(
+        release(&backend, &third, to_second.token).await,
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoning_a_level_whose_grant_was_lost_hands_over() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let lost = request(&lock, &a, true);
+    let grant = granted(&backend, &lost).await;
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    // The caller never saw its grant: it abandons the attempt, which frees the lock.
+    abandon(&backend, &lost).await;
+    let to_b = handed_over(&mut watch, &waiting).await;
+    assert!(to_b.token > grant.token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_never_shortened() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a) = (name(), owner("a"));
+    let outer = request(&lock, &a, true);
+    let grant = granted(&backend, &outer).await;
+    let long = Duration::from_secs(29);
+    // A re-entry with a short lease keeps the long one.
+    granted(&backend, &with_lease(request(&lock, &a, true), 100)).await;
+    assert!(lease_left(&backend, &lock).await > long);
+    // So does an extend with a short lease.
+    assert!(backend
+        .extend(&lock, &a, grant.token, Duration::from_millis(100))
+        .await
+        .unwrap());
+    assert!(lease_left(&backend, &lock).await > long);
+    // A longer one lengthens it, by extend and by re-entry.
+    assert!(backend
+        .extend(&lock, &a, grant.token, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(lease_left(&backend, &lock).await > Duration::from_secs(59));
+    granted(&backend, &with_lease(request(&lock, &a, true), 120_000)).await;
+    assert!(lease_left(&backend, &lock).await > Duration::from_secs(119));
+    // A re-sent acquire of a level it already has changes nothing, not even the lease.
+    assert_eq!(granted(&backend, &outer).await.hold_count, 3);
+    assert!(lease_left(&backend, &lock).await > Duration::from_secs(119));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,43 +413,41 @@ async fn nobody_barges_past_waiters() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b, c) = (name(), owner("a"), owner("b"), owner("c"));
-    let grant = granted(&backend, &request(&lock, &a, false)).await;
-    assert_eq!(
-        backend.acquire(&request(&lock, &b, false)).await.unwrap(),
-        AcquireOutcome::Busy
-    );
+    granted(&backend, &with_lease(request(&lock, &a, false), 300)).await;
+    busy(&backend, &request(&lock, &b, false)).await;
     assert!(
         backend.inspect(&lock).await.unwrap().waiters.is_empty(),
         "Busy never queues"
     );
 
-    queued(&backend, &request(&lock, &b, true)).await;
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
     // The holder's lease runs out: the lock is free, but b is first in line.
-    backend
-        .extend(&lock, &a, grant.token, Duration::from_millis(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(
-        backend.acquire(&request(&lock, &c, false)).await.unwrap(),
-        AcquireOutcome::Busy
-    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(backend.inspect(&lock).await.unwrap().holder, None);
+    busy(&backend, &request(&lock, &c, false)).await;
     queued(&backend, &request(&lock, &c, true)).await;
-    granted(&backend, &request(&lock, &b, false)).await;
+    granted(&backend, &waiting).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_owner_keeps_its_place_and_is_queued_once() {
+async fn a_queued_attempt_keeps_its_place_and_is_queued_once() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b, c) = (name(), owner("a"), owner("b"), owner("c"));
     granted(&backend, &request(&lock, &a, true)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
+    let b_first = request(&lock, &b, true);
+    queued(&backend, &b_first).await;
     queued(&backend, &request(&lock, &c, true)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
+    queued(&backend, &b_first).await;
     let state = backend.inspect(&lock).await.unwrap();
     let order: Vec<&str> = state.waiters.iter().map(|w| w.owner.as_str()).collect();
     assert_eq!(order, ["b", "c"]);
+    // Another attempt of the same owner is another entry, at the tail.
+    queued(&backend, &request(&lock, &b, true)).await;
+    let state = backend.inspect(&lock).await.unwrap();
+    let order: Vec<&str> = state.waiters.iter().map(|w| w.owner.as_str()).collect();
+    assert_eq!(order, ["b", "c", "b"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,15 +455,12 @@ async fn an_expired_holder_leaves_the_lock_to_the_head_waiter() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b) = (name(), owner("a"), owner("b"));
-    let mut short = request(&lock, &a, true);
-    short.lease = Duration::from_millis(300);
-    granted(&backend, &short).await;
-    let retry_after = queued(&backend, &request(&lock, &b, true))
-        .await
-        .expect("b is head");
+    granted(&backend, &with_lease(request(&lock, &a, true), 300)).await;
+    let waiting = request(&lock, &b, true);
+    let retry_after = queued(&backend, &waiting).await.expect("b is head");
     assert!(retry_after <= Duration::from_millis(300), "{retry_after:?}");
     tokio::time::sleep(retry_after + Duration::from_millis(20)).await;
-    let grant = granted(&backend, &request(&lock, &b, true)).await;
+    let grant = granted(&backend, &waiting).await;
     assert_eq!(grant.hold_count, 1);
 }
 
@@ -209,9 +469,10 @@ async fn a_pending_grant_lasts_only_the_waiter_ttl() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b) = (name(), owner("a"), owner("b"));
-    let grant = granted(&backend, &request(&lock, &a, true)).await;
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
     queued(&backend, &with_ttl(request(&lock, &b, true), 200)).await;
-    backend.release(&lock, &a, grant.token).await.unwrap();
+    release(&backend, &holding, grant.token).await;
     let pending = backend
         .inspect(&lock)
         .await
@@ -223,7 +484,76 @@ async fn a_pending_grant_lasts_only_the_waiter_ttl() {
     assert!(pending.lease_remaining <= Duration::from_millis(200));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(backend.inspect(&lock).await.unwrap().holder, None);
-    assert_eq!(keys_of(&server, &lock), [format!("fairlock:{{{lock}}}:f")]);
+    assert_eq!(keys_of(&server, &lock), idle_keys(&lock));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_level_lapses_alone_when_its_owner_re_entered() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let waiting = with_ttl(request(&lock, &b, true), 300);
+    queued(&backend, &waiting).await;
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    release(&backend, &holding, grant.token).await;
+    let to_b = handed_over(&mut watch, &waiting).await;
+    // Another attempt of b re-enters the pending hold: two levels, one still pending.
+    let reentry = request(&lock, &b, true);
+    assert_eq!(
+        granted(&backend, &reentry).await,
+        Grant {
+            token: to_b.token,
+            hold_count: 2
+        }
+    );
+    let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
+    assert_eq!((holder.hold_count, holder.confirmed), (2, false));
+    // The pending level is never confirmed: it lapses, the re-entry keeps the hold.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
+    assert_eq!(
+        (holder.owner.as_str(), holder.hold_count, holder.confirmed),
+        ("b", 1, true)
+    );
+    assert!(!backend
+        .extend(&lock, &a, grant.token, Duration::from_secs(1))
+        .await
+        .unwrap());
+    assert!(backend
+        .extend(&lock, &b, to_b.token, Duration::from_secs(1))
+        .await
+        .unwrap());
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
+    assert_eq!(
+        release(&backend, &reentry, to_b.token).await,
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+    assert_eq!(keys_of(&server, &lock), idle_keys(&lock));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_level_can_be_released() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b, c) = (name(), owner("a"), owner("b"), owner("c"));
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let to_b_request = request(&lock, &b, true);
+    queued(&backend, &to_b_request).await;
+    let to_c_request = request(&lock, &c, true);
+    queued(&backend, &to_c_request).await;
+    let mut watch_b = backend.watch(&lock, &b).await.unwrap();
+    let mut watch_c = backend.watch(&lock, &c).await.unwrap();
+    release(&backend, &holding, grant.token).await;
+    let to_b = handed_over(&mut watch_b, &to_b_request).await;
+    assert_eq!(
+        release(&backend, &to_b_request, to_b.token).await,
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+    let to_c = handed_over(&mut watch_c, &to_c_request).await;
+    assert!(to_c.token > to_b.token);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,11 +568,15 @@ async fn dead_waiters_never_block_wherever_they_stand() {
         owner("dead-middle"),
         owner("c"),
     );
-    let grant = granted(&backend, &request(&lock, &a, true)).await;
-    queued(&backend, &with_ttl(request(&lock, &dead_head, true), 150)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let dead_head_request = with_ttl(request(&lock, &dead_head, true), 150);
+    queued(&backend, &dead_head_request).await;
+    let b_request = request(&lock, &b, true);
+    queued(&backend, &b_request).await;
     queued(&backend, &with_ttl(request(&lock, &dead_middle, true), 150)).await;
-    queued(&backend, &request(&lock, &c, true)).await;
+    let c_request = request(&lock, &c, true);
+    queued(&backend, &c_request).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
 
     let state = backend.inspect(&lock).await.unwrap();
@@ -250,53 +584,72 @@ async fn dead_waiters_never_block_wherever_they_stand() {
     assert_eq!(order, ["b", "c"], "expired waiters are not counted");
 
     let mut watch_b = backend.watch(&lock, &b).await.unwrap();
-    backend.release(&lock, &a, grant.token).await.unwrap();
-    let Wake::Granted(to_b) = next_wake(&mut watch_b).await else {
-        panic!("b is next")
-    };
+    release(&backend, &holding, grant.token).await;
+    let to_b = handed_over(&mut watch_b, &b_request).await;
     let mut watch_c = backend.watch(&lock, &c).await.unwrap();
-    backend.release(&lock, &b, to_b.token).await.unwrap();
-    let Wake::Granted(to_c) = next_wake(&mut watch_c).await else {
-        panic!("c is next")
-    };
+    release(&backend, &b_request, to_b.token).await;
+    let to_c = handed_over(&mut watch_c, &c_request).await;
     assert!(to_c.token > to_b.token);
     // A dead waiter that comes back has lost its place: it queues at the end.
-    queued(&backend, &request(&lock, &dead_head, true)).await;
+    queued(&backend, &dead_head_request).await;
     let state = backend.inspect(&lock).await.unwrap();
     assert_eq!(state.holder.unwrap().owner, "c");
     assert_eq!(state.waiters.len(), 1);
+    assert_eq!(state.waiters[0].attempt, dead_head_request.attempt);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leaving_the_queue_gives_back_a_pending_grant() {
+async fn abandoning_gives_back_a_pending_grant() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b, c) = (name(), owner("a"), owner("b"), owner("c"));
-    let grant = granted(&backend, &request(&lock, &a, true)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
-    queued(&backend, &request(&lock, &c, true)).await;
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let b_request = request(&lock, &b, true);
+    queued(&backend, &b_request).await;
+    let c_request = request(&lock, &c, true);
+    queued(&backend, &c_request).await;
     let mut watch_c = backend.watch(&lock, &c).await.unwrap();
-    backend.release(&lock, &a, grant.token).await.unwrap();
+    release(&backend, &holding, grant.token).await;
     assert_eq!(
         backend.inspect(&lock).await.unwrap().holder.unwrap().owner,
         "b"
     );
-    backend.leave_queue(&lock, &b).await.unwrap();
-    let Wake::Granted(to_c) = next_wake(&mut watch_c).await else {
-        panic!("c is next")
-    };
+    abandon(&backend, &b_request).await;
+    let to_c = handed_over(&mut watch_c, &c_request).await;
+    // Only the grantee's own acquire confirms a hand-over; extend just lengthens the lease.
     assert!(backend
         .extend(&lock, &c, to_c.token, Duration::from_secs(5))
         .await
         .unwrap());
+    assert!(!backend.inspect(&lock).await.unwrap().holder.unwrap().confirmed);
+    assert_eq!(granted(&backend, &c_request).await.token, to_c.token);
     let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
-    assert_eq!((holder.owner.as_str(), holder.confirmed), ("c", true));
-    // Leaving when not queued is fine and changes nothing.
-    backend.leave_queue(&lock, &b).await.unwrap();
     assert_eq!(
-        backend.inspect(&lock).await.unwrap().holder.unwrap().owner,
-        "c"
+        (holder.owner.as_str(), holder.hold_count, holder.confirmed),
+        ("c", 1, true)
     );
+    // Abandoning again, or an attempt that has nothing, is fine and changes nothing.
+    abandon(&backend, &b_request).await;
+    abandon(&backend, &request(&lock, &b, true)).await;
+    let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
+    assert_eq!((holder.owner.as_str(), holder.hold_count), ("c", 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_waiter_leaving_a_free_lock_wakes_the_next() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b, c) = (name(), owner("a"), owner("b"), owner("c"));
+    granted(&backend, &with_lease(request(&lock, &a, true), 200)).await;
+    let b_request = request(&lock, &b, true);
+    queued(&backend, &b_request).await;
+    queued(&backend, &request(&lock, &c, true)).await;
+    let mut watch_c = backend.watch(&lock, &c).await.unwrap();
+    // The lease runs out unannounced; then the head gives up: c may take the lock now.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    abandon(&backend, &b_request).await;
+    assert_eq!(next_wake(&mut watch_c).await, Wake::Recheck);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,46 +657,58 @@ async fn force_release_frees_and_hands_over() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b) = (name(), owner("a"), owner("b"));
-    assert!(!backend.force_release(&lock).await.unwrap());
-    let first = granted(&backend, &request(&lock, &a, true)).await;
+    assert!(!backend.force_release(&lock, 1).await.unwrap());
+    let outer = request(&lock, &a, true);
+    let first = granted(&backend, &outer).await;
     granted(&backend, &request(&lock, &a, true)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
+    let b_request = request(&lock, &b, true);
+    queued(&backend, &b_request).await;
     let mut watch_b = backend.watch(&lock, &b).await.unwrap();
-    assert!(backend.force_release(&lock).await.unwrap());
-    let Wake::Granted(to_b) = next_wake(&mut watch_b).await else {
-        panic!("b is next")
-    };
+    assert!(!backend.force_release(&lock, first.token + 1).await.unwrap());
+    assert_eq!(hold_count(&backend, &lock).await, Some(2));
+    assert!(backend.force_release(&lock, first.token).await.unwrap());
+    let to_b = handed_over(&mut watch_b, &b_request).await;
     assert!(to_b.token > first.token);
     assert_eq!(
-        backend.release(&lock, &a, first.token).await.unwrap(),
+        release(&backend, &outer, first.token).await,
         ReleaseOutcome::NotHeld
     );
-    assert!(backend.force_release(&lock).await.unwrap());
-    assert!(!backend.force_release(&lock).await.unwrap());
-    assert_eq!(keys_of(&server, &lock), [format!("fairlock:{{{lock}}}:f")]);
+    // A pending hold can be forced too.
+    assert!(backend.force_release(&lock, to_b.token).await.unwrap());
+    assert!(!backend.force_release(&lock, to_b.token).await.unwrap());
+    assert_eq!(keys_of(&server, &lock), idle_keys(&lock));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_locks_leave_only_the_fence_key() {
+async fn idle_locks_leave_only_the_fence_and_expiring_records() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b) = (name(), owner("a"), owner("b"));
-    let grant = granted(&backend, &request(&lock, &a, true)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    assert_eq!(
+        keys_of(&server, &lock),
+        [key(&lock, "f"), key(&lock, "h"), key(&lock, "x")]
+    );
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
     assert!(keys_of(&server, &lock).len() > 2);
-    backend.leave_queue(&lock, &b).await.unwrap();
-    backend.release(&lock, &a, grant.token).await.unwrap();
-    assert_eq!(keys_of(&server, &lock), [format!("fairlock:{{{lock}}}:f")]);
+    abandon(&backend, &waiting).await;
+    release(&backend, &holding, grant.token).await;
+    assert_eq!(keys_of(&server, &lock), idle_keys(&lock));
+    // The ended-attempt records vanish by themselves after the horizon.
+    let horizon = u64::try_from(RESEND_HORIZON.as_millis()).unwrap();
+    let ttl: u64 = server.cli(&["PTTL", &key(&lock, "x")]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= horizon, "{ttl} ms");
+    assert_eq!(server.cli(&["ZCARD", &key(&lock, "x")]), "2");
     // Waiters that die leave nothing either, once their deadline passes.
     let other = name();
-    let grant = granted(&backend, &request(&other, &a, true)).await;
+    let holding = request(&other, &a, true);
+    let grant = granted(&backend, &holding).await;
     queued(&backend, &with_ttl(request(&other, &b, true), 100)).await;
-    backend.release(&other, &a, grant.token).await.unwrap();
+    release(&backend, &holding, grant.token).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        keys_of(&server, &other),
-        [format!("fairlock:{{{other}}}:f")]
-    );
+    assert_eq!(keys_of(&server, &other), idle_keys(&other));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,22 +716,14 @@ async fn scripts_are_reloaded_after_script_flush() {
     let server = Server::start();
     let backend = server.backend().await;
     let (lock, a) = (name(), owner("a"));
-    let grant = granted(&backend, &request(&lock, &a, true)).await;
+    let outer = request(&lock, &a, true);
+    let grant = granted(&backend, &outer).await;
     assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
     let again = granted(&backend, &request(&lock, &a, true)).await;
     assert_eq!(again.hold_count, 2);
     assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
-    backend.release(&lock, &a, grant.token).await.unwrap();
-    assert_eq!(
-        backend
-            .inspect(&lock)
-            .await
-            .unwrap()
-            .holder
-            .unwrap()
-            .hold_count,
-        1
-    );
+    release(&backend, &outer, grant.token).await;
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
 }
 
 /// The script text exactly as the backend builds it.
@@ -380,37 +737,102 @@ fn script(operation: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resent_request_is_applied_once() {
-    let server = Server::start();
-    let lock = name();
-    let tag = lock.as_str();
-    let keys: Vec<String> = ["h", "q", "z", "w", "f", "c"]
+/// Runs a script of lock `tag` with `redis-cli EVAL`, as the backend would.
+fn eval(server: &Server, tag: &str, operation: &str, args: &[&str]) -> String {
+    let keys: Vec<String> = ["h", "q", "z", "w", "f", "c", "x"]
         .iter()
         .map(|suffix| format!("fairlock:{{{tag}}}:{suffix}"))
         .collect();
-    let eval = |operation: &str, args: &[&str]| {
-        let body = script(operation);
-        let mut command = vec!["EVAL", body.as_str(), "6"];
-        command.extend(keys.iter().map(String::as_str));
-        command.extend_from_slice(args);
-        server.cli(&command)
-    };
-    let first = eval("acquire", &["a", "30000", "5000", "1", "req-1", tag]);
-    assert!(first.starts_with("G ") && first.ends_with(" 1"), "{first}");
-    // fred re-sends the same command after a reconnect: same id, same reply, no re-entry.
-    assert_eq!(
-        eval("acquire", &["a", "30000", "5000", "1", "req-1", tag]),
-        first
+    let body = script(operation);
+    let mut command = vec!["EVAL", body.as_str(), "7"];
+    command.extend(keys.iter().map(String::as_str));
+    command.extend_from_slice(args);
+    server.cli(&command)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_script_is_applied_once() {
+    let server = Server::start();
+    let lock = name();
+    let tag = lock.as_str();
+    let (x, y) = (
+        AttemptId::random().to_string(),
+        AttemptId::random().to_string(),
     );
-    let token = first.split(' ').nth(1).unwrap();
-    let second = eval("acquire", &["a", "30000", "5000", "1", "req-2", tag]);
+    let horizon = RESEND_HORIZON.as_millis().to_string();
+    let acquire = |attempt: &str| {
+        eval(
+            &server,
+            tag,
+            "acquire",
+            &["a", attempt, "30000", "5000", "1", tag, &horizon],
+        )
+    };
+    let first = acquire(&x);
+    assert!(first.starts_with("G ") && first.ends_with(" 1"), "{first}");
+    // fred re-sends the same command after a reconnect: same reply, no second level.
+    assert_eq!(acquire(&x), first);
+    let token = first.split(' ').nth(1).unwrap().to_owned();
+    let second = acquire(&y);
     assert!(second.ends_with(" 2"), "{second}");
-    assert_eq!(eval("release", &["a", token, "req-3"]), "R 1");
-    assert_eq!(eval("release", &["a", token, "req-3"]), "R 1");
-    assert_eq!(server.cli(&["HGET", &keys[0], "c"]), "1");
-    assert_eq!(eval("release", &["a", token, "req-4"]), "R 0");
-    assert_eq!(eval("release", &["a", token, "req-4"]), "R 0");
+    let release = |attempt: &str| eval(&server, tag, "release", &["a", &token, attempt, &horizon]);
+    assert_eq!(release(&x), "R 1");
+    assert_eq!(release(&x), "R 1");
+    assert_eq!(server.cli(&["HGET", &key(&lock, "h"), "c"]), "1");
+    // x's acquire arrives once more after its release: nothing happens.
+    assert_eq!(acquire(&x), "B");
+    assert_eq!(server.cli(&["HGET", &key(&lock, "h"), "c"]), "1");
+    assert_eq!(release(&y), "R 0");
+    // The hold is gone: nothing to release under that token any more.
+    assert_eq!(release(&y), "N");
+    assert_eq!(server.cli(&["EXISTS", &key(&lock, "h")]), "0");
+    // A spent attempt is never granted again, even on a free lock.
+    assert_eq!(acquire(&y), "B");
+    assert_eq!(server.cli(&["EXISTS", &key(&lock, "h")]), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_attempt_records_are_forgotten_a_few_at_a_time() {
+    let server = Server::start();
+    let lock = name();
+    let tag = lock.as_str();
+    let records = key(&lock, "x");
+    // One record kept for a minute, so the key stays; then releases of attempts that hold
+    // nothing, remembered for 2 s only.
+    let kept = AttemptId::random().to_string();
+    eval(&server, tag, "abandon", &["a", &kept, "60000"]);
+    for _ in 0..20 {
+        let attempt = AttemptId::random().to_string();
+        assert_eq!(
+            eval(&server, tag, "release", &["a", "1", &attempt, "2000"]),
+            "N"
+        );
+    }
+    assert_eq!(server.cli(&["ZCARD", &records]), "21");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Each new record removes at most 8 expired ones: bounded work per call.
+    let attempt = AttemptId::random().to_string();
+    eval(&server, tag, "abandon", &["a", &attempt, "60000"]);
+    assert_eq!(server.cli(&["ZCARD", &records]), "14");
+    eval(&server, tag, "release", &["a", "1", &attempt, "60000"]);
+    eval(&server, tag, "release", &["a", "1", &attempt, "60000"]);
+    assert_eq!(
+        server.cli(&["ZCARD", &records]),
+        "2",
+        "the kept one and the last"
+    );
+    let ttl: u64 = server.cli(&["PTTL", &records]).parse().unwrap();
+    assert!(
+        ttl > 50_000 && ttl <= 60_000,
+        "expires with its latest record: {ttl}"
+    );
+    // Short-lived records alone: the key goes with the last of them.
+    let other = name();
+    let attempt = AttemptId::random().to_string();
+    eval(&server, other.as_str(), "abandon", &["a", &attempt, "500"]);
+    assert_eq!(server.cli(&["EXISTS", &key(&other, "x")]), "1");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(server.cli(&["EXISTS", &key(&other, "x")]), "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,7 +840,7 @@ async fn foreign_data_is_a_conflict() {
     let server = Server::start();
     let backend = server.backend().await;
     let lock = name();
-    server.cli(&["SET", &format!("fairlock:{{{lock}}}:h"), "not a lock"]);
+    server.cli(&["SET", &key(&lock, "h"), "not a lock"]);
     let err = backend
         .acquire(&request(&lock, &owner("a"), true))
         .await
@@ -429,6 +851,68 @@ async fn foreign_data_is_a_conflict() {
     );
     let err = backend.inspect(&lock).await.unwrap_err();
     assert!(matches!(err, Error::Conflict { .. }), "{err}");
+
+    // A hash without fairlock's fields at the holder key is not read as a free lock.
+    let lock = name();
+    server.cli(&["HSET", &key(&lock, "h"), "unrelated", "field"]);
+    let err = backend
+        .acquire(&request(&lock, &owner("a"), true))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert_eq!(
+        server.cli(&["HGETALL", &key(&lock, "h")]),
+        "unrelated\nfield"
+    );
+
+    // Ended-attempt records of the wrong type.
+    let lock = name();
+    server.cli(&["SET", &key(&lock, "x"), "not a zset"]);
+    let err = backend
+        .acquire(&request(&lock, &owner("a"), true))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert_eq!(
+        keys_of(&server, &lock),
+        [key(&lock, "x")],
+        "nothing written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_script_has_written_nothing() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    queued(&backend, &request(&lock, &b, true)).await;
+    // The waiter records become foreign: a release that would hand over is refused before it
+    // changes anything (Redis would not roll back a half-done script).
+    let ended = holding.attempt.to_string();
+    let spent_until = server.cli(&["ZSCORE", &key(&lock, "x"), &ended]);
+    let waiters = key(&lock, "w");
+    server.cli(&["DEL", &waiters]);
+    server.cli(&["SET", &waiters, "foreign"]);
+    let err = backend
+        .release(&lock, &a, grant.token, holding.attempt)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    let holder = key(&lock, "h");
+    assert_eq!(server.cli(&["HGET", &holder, "c"]), "1");
+    let level = format!("l:{}", holding.attempt);
+    assert_eq!(server.cli(&["HEXISTS", &holder, &level]), "1");
+    assert_eq!(
+        server.cli(&["ZSCORE", &key(&lock, "x"), &ended]),
+        spent_until
+    );
+    // The hold itself is untouched: it can still be extended.
+    assert!(backend
+        .extend(&lock, &a, grant.token, Duration::from_secs(30))
+        .await
+        .unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -589,8 +1073,10 @@ async fn waiters_are_told_to_recheck_after_the_subscriber_reconnects() {
     assert_eq!(next_wake(&mut watch).await, Wake::Recheck);
     // And the subscription is back: a hand-over still reaches the waiter.
     let (a, b) = (owner("a"), owner("b"));
-    let grant = granted(&backend, &request(&lock, &b, true)).await;
-    queued(&backend, &request(&lock, &a, true)).await;
+    let holding = request(&lock, &b, true);
+    let grant = granted(&backend, &holding).await;
+    let waiting = request(&lock, &a, true);
+    queued(&backend, &waiting).await;
     let started = std::time::Instant::now();
     let channel = format!("fairlock:{{{lock}}}:c");
     while server.cli(&["PUBSUB", "SHARDNUMSUB", &channel]) != format!("{channel}\n1") {
@@ -600,11 +1086,15 @@ async fn waiters_are_told_to_recheck_after_the_subscriber_reconnects() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    backend.release(&lock, &b, grant.token).await.unwrap();
+    release(&backend, &holding, grant.token).await;
     loop {
         match next_wake(&mut watch).await {
             Wake::Recheck => continue,
-            Wake::Granted(to_a) => {
+            Wake::Granted {
+                attempt,
+                grant: to_a,
+            } => {
+                assert_eq!(attempt, waiting.attempt);
                 assert!(to_a.token > grant.token);
                 break;
             }
@@ -617,7 +1107,8 @@ async fn a_restart_loses_holds_but_tokens_keep_growing() {
     let mut server = Server::start();
     let backend = server.backend().await;
     let (lock, a, b) = (name(), owner("a"), owner("b"));
-    let before = granted(&backend, &request(&lock, &a, true)).await;
+    let holding = request(&lock, &a, true);
+    let before = granted(&backend, &holding).await;
     let mut watch = backend.watch(&lock, &b).await.unwrap();
     // No persistence: data and cached scripts are gone after this.
     server.0.restart().unwrap();
@@ -629,7 +1120,7 @@ async fn a_restart_loses_holds_but_tokens_keep_growing() {
     let after = granted(&backend, &request(&lock, &b, true)).await;
     assert!(after.token > before.token, "{after:?} after {before:?}");
     assert_eq!(
-        backend.release(&lock, &a, before.token).await.unwrap(),
+        release(&backend, &holding, before.token).await,
         ReleaseOutcome::NotHeld
     );
 }
@@ -690,11 +1181,13 @@ async fn a_backend_on_clients_built_elsewhere() {
     let backend = RedisBackend::from_clients(pool, subscriber, "mine:").unwrap();
     assert_eq!(backend.prefix(), "mine:");
     let (lock, a, b) = (name(), owner("a"), owner("b"));
-    let grant = granted(&backend, &request(&lock, &a, true)).await;
-    queued(&backend, &request(&lock, &b, true)).await;
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
     let mut watch = backend.watch(&lock, &b).await.unwrap();
-    backend.release(&lock, &a, grant.token).await.unwrap();
-    assert!(matches!(next_wake(&mut watch).await, Wake::Granted(_)));
+    release(&backend, &holding, grant.token).await;
+    handed_over(&mut watch, &waiting).await;
     let keys = server.cli(&["--scan", "--pattern", &format!("mine:{{{lock}}}*")]);
     assert!(keys.contains(&format!("mine:{{{lock}}}:h")), "{keys}");
     assert!(matches!(

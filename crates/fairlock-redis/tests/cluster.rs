@@ -25,18 +25,18 @@ async fn hand_over_and_list_work_on_every_node() {
         })
         .collect();
     let (a, b) = (owner("a"), owner("b"));
-    let mut tokens = Vec::new();
+    let mut holds = Vec::new();
     for name in &names {
-        let AcquireOutcome::Granted(grant) =
-            backend.acquire(&request(name, &a, true)).await.unwrap()
-        else {
+        let holding = request(name, &a, true);
+        let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
             panic!("a gets {name}");
         };
-        tokens.push(grant.token);
+        let waiting = request(name, &b, true);
         assert!(matches!(
-            backend.acquire(&request(name, &b, true)).await.unwrap(),
+            backend.acquire(&waiting).await.unwrap(),
             AcquireOutcome::Queued { .. }
         ));
+        holds.push((holding, grant.token, waiting));
     }
     for (index, port) in cluster.ports().into_iter().enumerate() {
         let keys: u64 = cluster.cli(index, &["DBSIZE"]).unwrap().parse().unwrap();
@@ -51,19 +51,28 @@ async fn hand_over_and_list_work_on_every_node() {
         names.len()
     );
 
-    for (name, token) in names.iter().zip(tokens) {
+    for (holding, token, waiting) in holds {
+        let name = &holding.name;
         let mut watch = backend.watch(name, &b).await.unwrap();
-        let released = backend.release(name, &a, token).await.unwrap();
+        let released = backend
+            .release(name, &a, token, holding.attempt)
+            .await
+            .unwrap();
         assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
         let wake = tokio::time::timeout(Duration::from_secs(5), watch.recv()).await;
-        let Ok(Some(Wake::Granted(grant))) = wake else {
+        let Ok(Some(Wake::Granted { attempt, grant })) = wake else {
             panic!("b was not told about {name}: {wake:?}");
         };
+        assert_eq!(attempt, waiting.attempt);
         assert!(backend
             .extend(name, &b, grant.token, Duration::from_secs(5))
             .await
             .unwrap());
-        backend.release(name, &b, grant.token).await.unwrap();
+        let released = backend
+            .release(name, &b, grant.token, waiting.attempt)
+            .await
+            .unwrap();
+        assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
     }
     assert!(backend
         .list(&format!("cluster-{run}-"))
@@ -78,8 +87,8 @@ async fn a_node_restart_loses_its_locks_but_not_token_order() {
     let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
     let lock = common::name();
     let (a, b) = (owner("a"), owner("b"));
-    let AcquireOutcome::Granted(before) = backend.acquire(&request(&lock, &a, true)).await.unwrap()
-    else {
+    let holding = request(&lock, &a, true);
+    let AcquireOutcome::Granted(before) = backend.acquire(&holding).await.unwrap() else {
         panic!("a gets the lock");
     };
     let mut watch = backend.watch(&lock, &b).await.unwrap();
@@ -91,9 +100,10 @@ async fn a_node_restart_loses_its_locks_but_not_token_order() {
     let wake = tokio::time::timeout(Duration::from_secs(10), watch.recv()).await;
     assert!(matches!(wake, Ok(Some(Wake::Recheck))), "{wake:?}");
     let started = std::time::Instant::now();
+    let waiting = request(&lock, &b, true);
     let after = loop {
         // The cluster may need a moment to agree the node is back.
-        match backend.acquire(&request(&lock, &b, true)).await {
+        match backend.acquire(&waiting).await {
             Ok(AcquireOutcome::Granted(grant)) => break grant,
             outcome => {
                 assert!(started.elapsed() < Duration::from_secs(10), "{outcome:?}");
@@ -102,6 +112,9 @@ async fn a_node_restart_loses_its_locks_but_not_token_order() {
         }
     };
     assert!(after.token > before.token, "{after:?} after {before:?}");
-    let released = backend.release(&lock, &a, before.token).await.unwrap();
+    let released = backend
+        .release(&lock, &a, before.token, holding.attempt)
+        .await
+        .unwrap();
     assert_eq!(released, ReleaseOutcome::NotHeld);
 }

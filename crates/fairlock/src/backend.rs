@@ -32,7 +32,9 @@ use crate::name::{LockName, Owner};
 ///   attempt.
 /// - A *queue entry* belongs to one attempt and has a *liveness deadline*.
 /// - An attempt *ends* when it is released ([`release`](Self::release)) or abandoned
-///   ([`abandon`](Self::abandon)). Ended attempts are remembered for [`RESEND_HORIZON`].
+///   ([`abandon`](Self::abandon)). An attempt is *spent* once it has been granted a level (a
+///   grant, a re-entry, a hand-over) or has ended; spent attempts are remembered for
+///   [`RESEND_HORIZON`]. An attempt is granted a level at most once in its life.
 ///
 /// # Contract
 /// **Clock.** Every lease and liveness deadline MUST be measured by the store's own clock
@@ -45,25 +47,26 @@ use crate::name::{LockName, Owner};
 /// **Re-sends.** A client may deliver any state-changing request again, later, after any
 /// other requests by anyone (a network client re-sends after a reconnect; a request can sit
 /// in a paused server). Every operation MUST be harmless when applied again:
-/// - `acquire` by an attempt that already holds a level returns that grant and changes
-///   nothing; by an attempt that is queued, it refreshes the deadline (a heartbeat); by an
-///   attempt that ended less than [`RESEND_HORIZON`] ago, it returns
-///   [`AcquireOutcome::Busy`] and changes nothing;
+/// - `acquire` by an attempt that already holds a confirmed level returns that grant and
+///   changes nothing; by an attempt that is queued, it refreshes the deadline (a heartbeat);
+///   by an attempt that is spent and holds no level (its hold ended, it was released or
+///   abandoned), it returns [`AcquireOutcome::Busy`] and changes nothing;
 /// - `release` and `abandon` remove an attempt, which is gone the second time;
 /// - `extend` only ever lengthens the lease of the hold with that token;
 /// - `force_release` names the token it frees, which no later hold has.
 ///
 /// **Mutual exclusion and reentrancy.** At most one owner holds a lock. `acquire` by an
-/// attempt of the owner that holds (with a confirmed or a pending level) MUST add that
-/// attempt as a level at once, without queueing, keep the token, and remove the attempt's
-/// queue entry if it has one. The hold count MUST equal the number of levels: each grant,
+/// attempt (not spent) of the owner that holds (with a confirmed or a pending level) MUST add
+/// that attempt as a level at once, without queueing, keep the token, and remove the
+/// attempt's queue entry if it has one. The hold count MUST equal the number of levels: each grant,
 /// re-entry or confirmation adds the level of the attempt that asked, exactly once, and each
 /// `release` removes the level it names. At 0 levels the lock is free.
 ///
 /// **One lease per hold.** All levels share the hold's lease. A grant sets it to the
 /// requested lease from the store's now; a re-entry, a confirmation and
 /// [`extend`](Self::extend) set it to the *later* of its current end and the requested lease
-/// from now: they MUST never shorten it, since another level may rely on it.
+/// from now: they MUST never shorten it, since another level may rely on it. A pending level
+/// also lapses on its own deadline, whatever the lease.
 ///
 /// **Leases.** A hold whose lease has passed MUST behave as if it did not exist (the lock is
 /// free), even if nobody has touched it since. Lease precision is milliseconds.
@@ -84,17 +87,19 @@ use crate::name::{LockName, Owner};
 /// backend MUST hand it to the head live queue entry as a *pending grant* (a new hold with
 /// that attempt as its pending level, a fresh token, lease = the entry's `waiter_ttl`),
 /// remove the entry, and send [`Wake::Granted`] with that attempt to the watches of its owner.
-/// The grantee confirms it by `acquire` (which returns [`AcquireOutcome::Granted`] with the
-/// same token) or by [`extend`](Self::extend) with its token; either makes the level
-/// confirmed. A pending level that is not confirmed within its `waiter_ttl` MUST end by
-/// itself (the hold ends with it if it was the only level), so a dead waiter never holds the
-/// lock longer than its liveness TTL. [`AcquireOutcome::Queued`] MUST report the highest token
+/// Only that attempt's own `acquire` confirms it (it returns [`AcquireOutcome::Granted`] with
+/// the same token); [`extend`](Self::extend) MUST NOT, so that another level's renewals never
+/// keep a dead grantee's level alive. A pending level that is not confirmed within its
+/// `waiter_ttl` MUST end by itself (the hold ends with it if it was the only level), so a dead
+/// waiter never holds the lock longer than its liveness TTL; a later `acquire` of its attempt
+/// then finds it spent (`Busy`), and the core goes on as a new attempt. [`AcquireOutcome::Queued`] MUST report the highest token
 /// issued for the lock so far, so the core can tell a fresh hand-over from a stale one.
 ///
 /// **Ending attempts.** [`release`](Self::release) removes the named level (pending or
 /// confirmed); [`abandon`](Self::abandon) removes whatever the attempt has: its queue entry,
-/// its pending or confirmed level. Both record the attempt as ended (even when it had
-/// nothing), for at least [`RESEND_HORIZON`], in storage that expires by itself.
+/// its pending or confirmed level. Both record the attempt as spent (even when it had
+/// nothing), as does every grant of a level, for at least [`RESEND_HORIZON`], in storage
+/// that expires by itself.
 ///
 /// **Wake-ups may be lost.** Delivery to a [`Watch`] is best effort: a backend MAY lose
 /// messages (reconnects, lag). A watch is per owner: every watch of the owner receives a
@@ -136,9 +141,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Removes the level of `attempt` (pending or confirmed) from `owner`'s hold with fencing
     /// token `token`, and ends the attempt. At 0 levels the lock is free and the head waiter
     /// is handed the lock. Returns [`ReleaseOutcome::Released`] with the levels left, also
-    /// when the attempt had already ended (a re-sent release); [`ReleaseOutcome::NotHeld`] if
-    /// `owner` holds no level of `attempt` under `token` (the hold ended: expired or
-    /// force-released), changing nothing but recording the attempt as ended.
+    /// when that hold lives on and the attempt was already spent (a re-sent release);
+    /// [`ReleaseOutcome::NotHeld`] when `owner` has no hold with `token` (it ended: expired,
+    /// force-released, or released to the last level), or the attempt never had a level in
+    /// it. Either way nothing else changes and the attempt is recorded as spent.
     async fn release(
         &self,
         name: &LockName,
@@ -148,8 +154,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ) -> Result<ReleaseOutcome>;
 
     /// Sets the lease of `owner`'s hold with fencing token `token` to the later of its current
-    /// end and `lease` from now, and confirms its pending level if it has one. Returns
-    /// `false`, changing nothing, if `owner` does not hold the lock with that token.
+    /// end and `lease` from now. It does not confirm a pending level. Returns `false`,
+    /// changing nothing, if `owner` does not hold the lock with that token.
     async fn extend(
         &self,
         name: &LockName,

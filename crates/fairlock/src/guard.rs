@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::time::Instant;
+use tokio::task::AbortHandle;
+use tokio::time::{sleep, timeout_at, Instant};
 use tracing::{debug, info_span, warn, Instrument};
 
-use crate::backend::{AttemptId, Grant, ReleaseOutcome};
+use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome};
 use crate::error::{Error, Result};
 use crate::lease::Hold;
 use crate::lock::LockShared;
@@ -37,6 +38,8 @@ pub struct LockGuard {
     /// The level this guard is: the attempt that acquired it.
     attempt: AttemptId,
     hold: Arc<Hold>,
+    /// Confirms a hand-over this guard was made from (see [`confirm`]), until it is done.
+    confirming: Option<AbortHandle>,
     runtime: Handle,
     released: bool,
 }
@@ -52,14 +55,24 @@ impl LockGuard {
         confirm: bool,
         runtime: Handle,
     ) -> Self {
-        let hold = shared
-            .holds
-            .join(&shared, grant.token, deadline, confirm, &runtime);
+        let hold = shared.holds.join(&shared, grant.token, deadline, &runtime);
+        let confirming = confirm.then(|| {
+            runtime
+                .spawn(confirm_hand_over(
+                    shared.clone(),
+                    hold.clone(),
+                    grant.token,
+                    attempt,
+                    deadline,
+                ))
+                .abort_handle()
+        });
         LockGuard {
             shared,
             grant,
             attempt,
             hold,
+            confirming,
             runtime,
             released: false,
         }
@@ -185,6 +198,10 @@ impl LockGuard {
 
     fn start_release(&mut self) -> tokio::task::JoinHandle<Result<()>> {
         self.released = true;
+        // What the confirmation finds out no longer matters once the level is released.
+        if let Some(confirming) = self.confirming.take() {
+            confirming.abort();
+        }
         if self.shared.options.lease.is_none() {
             self.hold.watchdog_left();
         }
@@ -226,6 +243,49 @@ impl Drop for LockGuard {
         if !self.released {
             // The outcome is only traced: a failed release ends with the lease.
             drop(self.start_release());
+        }
+    }
+}
+
+/// Confirms a hand-over that a guard was made from on the wake-up alone: its attempt's own
+/// `acquire` turns the pending level into a confirmed one and sets the lease. If the pending
+/// level lapsed first (the wake-up or this call came too late), the store answers that the
+/// attempt is spent, and the hold's lease is flagged lost: this guard has no level, so it must
+/// not go on as if it had. Transient errors are retried until `deadline`, by which the
+/// keeper flags the lease lost anyway.
+async fn confirm_hand_over(
+    shared: Arc<LockShared>,
+    hold: Arc<Hold>,
+    token: u64,
+    attempt: AttemptId,
+    deadline: Instant,
+) {
+    let lease = shared.options.effective_lease();
+    let request = AcquireRequest {
+        name: shared.name.clone(),
+        owner: shared.owner.clone(),
+        attempt,
+        lease,
+        waiter_ttl: shared.options.waiter_ttl,
+        queue: false,
+    };
+    loop {
+        let sent = Instant::now();
+        match timeout_at(deadline, shared.backend.acquire(&request)).await {
+            Ok(Ok(AcquireOutcome::Granted(grant))) if grant.token == token => {
+                debug!(lock = %shared.name, token, "hand-over confirmed");
+                hold.extended(sent, lease);
+                return;
+            }
+            Ok(Ok(_)) => {
+                hold.mark_lost(&shared, "the hand-over lapsed before it was confirmed");
+                return;
+            }
+            Ok(Err(err)) => {
+                debug!(lock = %shared.name, token, error = %err, "confirming a hand-over failed; retrying");
+                sleep(Duration::from_millis(20)).await;
+            }
+            Err(_elapsed) => return,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! One hold's lease, shared by every guard of that hold in this process: the watchdog that
-//! renews it, the confirmation of a hand-over, and the lost-lease signal.
+//! renews it, and the lost-lease signal.
 //!
 //! The store keeps one lease per hold (all levels share it, and it only ever gets longer), so
 //! the core keeps one [`Hold`] per hold too: guards of the same lock, owner and token (nested
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::{debug, warn};
@@ -38,8 +38,6 @@ pub(crate) struct Hold {
     deadline: watch::Sender<Instant>,
     /// How many live guards of this hold want the watchdog.
     watchdogs: watch::Sender<usize>,
-    /// Asks the keeper to confirm a hand-over now.
-    confirm: Arc<Notify>,
     keeper: Mutex<Option<AbortHandle>>,
 }
 
@@ -50,13 +48,12 @@ impl Holds {
 
     /// The hold of `token` with one more guard: the existing one if a live guard of it is in
     /// this process, else a new one with its keeper. `until`: the lease surely lasts until
-    /// then. `confirm`: the grant is a hand-over the store has not seen confirmed.
+    /// then.
     pub(crate) fn join(
         self: &Arc<Self>,
         shared: &Arc<LockShared>,
         token: u64,
         until: Instant,
-        confirm: bool,
         runtime: &Handle,
     ) -> Arc<Hold> {
         let watchdog = shared.options.lease.is_none();
@@ -70,9 +67,6 @@ impl Holds {
                 if watchdog {
                     hold.watchdogs.send_modify(|n| *n += 1);
                 }
-                if confirm {
-                    hold.confirm.notify_one();
-                }
                 return hold;
             }
         }
@@ -82,12 +76,8 @@ impl Holds {
             lost: watch::Sender::new(false),
             deadline: watch::Sender::new(until),
             watchdogs: watch::Sender::new(usize::from(watchdog)),
-            confirm: Arc::new(Notify::new()),
             keeper: Mutex::new(None),
         });
-        if confirm {
-            hold.confirm.notify_one();
-        }
         let keeper = runtime
             .spawn(keep(shared.clone(), token, Arc::downgrade(&hold)))
             .abort_handle();
@@ -147,16 +137,14 @@ impl Drop for Hold {
 }
 
 /// The keeper task of one hold. While any guard wants the watchdog it renews every third of
-/// the watchdog lease; it confirms a hand-over when asked; and it flags the lease lost when
-/// the deadline passes unrenewed or the store says the hold is gone. Aborted with the hold.
+/// the watchdog lease, and it flags the lease lost when the deadline passes unrenewed or the
+/// store says the hold is gone. Aborted with the hold.
 async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
     let Some(strong) = hold.upgrade() else { return };
     let mut deadline_rx = strong.deadline.subscribe();
     let mut watchdogs_rx = strong.watchdogs.subscribe();
-    let confirm = strong.confirm.clone();
     drop(strong);
     let watchdog_lease = shared.options.watchdog_lease;
-    let fixed_lease = shared.options.effective_lease();
     let mut next_renewal: Option<Instant> = None;
     let mut renewing = false;
     loop {
@@ -179,9 +167,8 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
             }
             _ = deadline_rx.changed() => {}
             _ = watchdogs_rx.changed() => {}
-            _ = confirm.notified() => next_renewal = Some(Instant::now()),
             _ = sleep_until(next_renewal.unwrap_or(deadline)), if next_renewal.is_some() => {
-                let lease = if renewing { watchdog_lease } else { fixed_lease };
+                let lease = watchdog_lease;
                 let sent = Instant::now();
                 let renewed = timeout_at(
                     deadline,

@@ -103,6 +103,15 @@ impl Holder {
         self.expires = self.expires.max(now + lease);
     }
 
+    /// When the hold ends if nothing changes: its lease, or sooner when its only level is a
+    /// pending one that lapses first.
+    fn ends(&self) -> Instant {
+        match self.pending {
+            Some((_, until)) if self.levels.is_empty() => until.min(self.expires),
+            _ => self.expires,
+        }
+    }
+
     /// Turns a pending level into a confirmed one.
     fn confirm(&mut self) {
         if let Some((attempt, _)) = self.pending.take() {
@@ -330,7 +339,7 @@ impl Store {
         entry.enqueue_or_refresh(req, now);
         let retry_after = match (&entry.holder, entry.head()) {
             (Some(holder), Some(head)) if head.attempt == req.attempt => {
-                Some(holder.expires.saturating_duration_since(now))
+                Some(holder.ends().saturating_duration_since(now))
             }
             _ => None,
         };
@@ -388,7 +397,8 @@ impl Store {
         let entry = self.entry(name, now);
         let extended = match entry.holder.as_mut() {
             Some(holder) if holder.owner == *owner && holder.token == token => {
-                holder.confirm();
+                // A pending level is confirmed by its own attempt only: another level's
+                // renewal must not keep a dead grantee's level alive.
                 holder.lengthen(lease, now);
                 true
             }

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock::backend::{AcquireOutcome, AcquireRequest, ReleaseOutcome};
+use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId, ReleaseOutcome};
 use fairlock::{BoxError, LockBackend, LockName, Owner};
 use futures::{StreamExt, TryStreamExt};
 
@@ -75,10 +75,17 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     Ok(section)
 }
 
+/// The first step of a fresh attempt of `owner`.
 fn request(name: &LockName, owner: Owner, queue: bool) -> AcquireRequest {
+    step(name, owner, AttemptId::random(), queue)
+}
+
+/// A step of `attempt`, which `owner` started earlier.
+fn step(name: &LockName, owner: Owner, attempt: AttemptId, queue: bool) -> AcquireRequest {
     AcquireRequest {
         name: name.clone(),
         owner,
+        attempt,
         lease: LONG,
         waiter_ttl: LONG,
         queue,
@@ -91,11 +98,10 @@ async fn measure(
     waiters: usize,
     repetitions: usize,
 ) -> Result<Costs, BoxError> {
-    let mut holder = Owner::new("holder")?;
-    let AcquireOutcome::Granted(grant) = backend
-        .acquire(&request(name, holder.clone(), false))
-        .await?
-    else {
+    // The holder and the queue entries are attempts: (owner, attempt) pairs.
+    let first = request(name, Owner::new("holder")?, false);
+    let mut holder = (first.owner.clone(), first.attempt);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&first).await? else {
         return Err(format!("{name}: a fresh lock was not granted").into());
     };
     let mut token = grant.token;
@@ -128,10 +134,10 @@ async fn measure(
         )
         .into());
     }
-    let mut queue: VecDeque<Owner> = state
+    let mut queue: VecDeque<(Owner, AttemptId)> = state
         .waiters
         .iter()
-        .map(|waiter| Owner::new(&waiter.owner))
+        .map(|waiter| Ok::<_, BoxError>((Owner::new(&waiter.owner)?, waiter.attempt)))
         .collect::<Result<_, _>>()?;
 
     let mut enqueue = Samples::with_capacity(repetitions);
@@ -147,15 +153,15 @@ async fn measure(
             return Err(format!("{name}: probe not queued: {outcome:?}").into());
         }
         let t = Instant::now();
-        backend.leave_queue(name, &probe.owner).await?;
+        backend.abandon(name, &probe.owner, probe.attempt).await?;
         let left = t.elapsed();
 
         // Keep the length: one more at the tail, then the holder hands over to the head.
-        let next = Owner::new(format!("next-{repetition}"))?;
-        backend.acquire(&request(name, next.clone(), true)).await?;
-        queue.push_back(next);
+        let next = request(name, Owner::new(format!("next-{repetition}"))?, true);
+        backend.acquire(&next).await?;
+        queue.push_back((next.owner, next.attempt));
         let t = Instant::now();
-        let released = backend.release(name, &holder, token).await?;
+        let released = backend.release(name, &holder.0, token, holder.1).await?;
         let handed = t.elapsed();
         if released != (ReleaseOutcome::Released { remaining: 0 }) {
             return Err(format!("{name}: release by the holder: {released:?}").into());
@@ -163,7 +169,7 @@ async fn measure(
         holder = queue.pop_front().ok_or("the queue ran empty")?;
         // The head confirms its pending grant, as a woken waiter would.
         match backend
-            .acquire(&request(name, holder.clone(), true))
+            .acquire(&step(name, holder.0.clone(), holder.1, true))
             .await?
         {
             AcquireOutcome::Granted(grant) => token = grant.token,
@@ -178,9 +184,9 @@ async fn measure(
         }
     }
 
-    backend.force_release(name).await?;
+    backend.force_release(name, token).await?;
     futures::stream::iter(queue)
-        .map(|owner| async move { backend.leave_queue(name, &owner).await })
+        .map(|(owner, attempt)| async move { backend.abandon(name, &owner, attempt).await })
         .buffer_unordered(FILL_CONCURRENCY)
         .try_collect::<()>()
         .await?;

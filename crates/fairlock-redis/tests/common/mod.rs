@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fairlock::backend::AcquireRequest;
+use fairlock::backend::{AcquireRequest, AttemptId};
 use fairlock::{LockName, Owner};
 use fairlock_redis::RedisBackend;
 use fairlock_testsupport::{RedisCluster, RedisServer};
@@ -45,10 +45,13 @@ pub fn owner(id: &str) -> Owner {
     Owner::new(id).unwrap()
 }
 
+/// The first step of a fresh attempt of `owner`; send the same request again to continue the
+/// attempt (heartbeat, confirm a hand-over) or to re-send it.
 pub fn request(name: &LockName, owner: &Owner, queue: bool) -> AcquireRequest {
     AcquireRequest {
         name: name.clone(),
         owner: owner.clone(),
+        attempt: AttemptId::random(),
         lease: Duration::from_secs(30),
         waiter_ttl: Duration::from_secs(10),
         queue,

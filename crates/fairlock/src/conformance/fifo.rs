@@ -320,10 +320,11 @@ pub(crate) async fn release_raw(
 }
 
 /// A queued attempt that calls `acquire` again (its heartbeat) keeps its place: it is not
-/// moved behind the attempts queued after it. And `extend` by the grantee of a hand-over
-/// confirms it (the state shows it confirmed, and it outlives the waiter's TTL).
-pub async fn heartbeat_keeps_place_and_extend_confirms(backend: Arc<dyn LockBackend>) {
-    const CHECK: &str = "heartbeat_keeps_place_and_extend_confirms";
+/// moved behind the attempts queued after it. A hand-over is confirmed by its attempt's own
+/// `acquire` (the state shows it confirmed, and it outlives the waiter's TTL), never by an
+/// `extend` of the hold, which only lengthens the lease.
+pub async fn heartbeat_keeps_place_and_grantee_confirms(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "heartbeat_keeps_place_and_grantee_confirms";
     let client = support::client(&backend);
     let name = support::lock_name(CHECK);
     let lock_name = LockName::new(&name).or_fail(CHECK);
@@ -349,7 +350,8 @@ pub async fn heartbeat_keeps_place_and_extend_confirms(backend: Arc<dyn LockBack
         "{CHECK}: a heartbeat must keep the waiter's place"
     );
 
-    // The hand-over goes to the first waiter; its `extend` confirms it.
+    // The hand-over goes to the first waiter. An `extend` of the hold does not confirm it;
+    // the waiter's own `acquire` does.
     release_raw(&backend, &name, &holder, held.token, CHECK).await;
     let state = client.state(&name).await.or_fail(CHECK);
     let Some(pending) = state.holder.as_ref().filter(|h| h.owner == first.as_str()) else {
@@ -364,14 +366,24 @@ pub async fn heartbeat_keeps_place_and_extend_confirms(backend: Arc<dyn LockBack
         .extend(&lock_name, &first, token, long)
         .await
         .or_fail(CHECK);
-    assert!(extended, "{CHECK}: extend by the grantee of a hand-over");
+    assert!(extended, "{CHECK}: extend of the hold by its owner");
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.as_ref().is_some_and(|h| !h.confirmed),
+        "{CHECK}: extend must not confirm a pending level (only its attempt does): {state:?}"
+    );
+    let outcome = raw_acquire(&backend, &name, &first, long, ttl, true).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted(g) if g.token == token && g.hold_count == 1),
+        "{CHECK}: the grantee's acquire confirms its hand-over: {outcome:?}"
+    );
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
         state
             .holder
             .as_ref()
             .is_some_and(|h| h.owner == first.as_str() && h.confirmed && h.token == token),
-        "{CHECK}: extend must confirm the hand-over: {state:?}"
+        "{CHECK}: the grantee's acquire must confirm the hand-over: {state:?}"
     );
     // Confirmed, it lasts its lease, not the waiter's TTL.
     tokio::time::sleep(ttl + ttl / 2).await;

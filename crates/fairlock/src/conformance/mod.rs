@@ -66,7 +66,7 @@
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
 //! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
-//! | [`heartbeat_keeps_place_and_extend_confirms`] | a heartbeat keeps the waiter's place; `extend` confirms a hand-over, which then lasts its lease |
+//! | [`heartbeat_keeps_place_and_grantee_confirms`] | a heartbeat keeps the waiter's place; only the grantee's `acquire` confirms a hand-over (not `extend`), which then lasts its lease |
 //! | [`wait_timeout_leaves_queue`] | `try_lock_for` times out, leaves the queue, and delays no one |
 //! | [`lease_expiry_frees_lock`] | an unrenewed lease ends the hold; the waiter proceeds, not earlier |
 //! | [`watchdog_keeps_lock`] | the watchdog keeps a lock over several leases |
@@ -115,7 +115,7 @@ pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};
 pub use fencing::fencing_tokens_increase;
 pub use fifo::{
-    fifo_order, hand_over, heartbeat_keeps_place_and_extend_confirms, try_lock_never_barges,
+    fifo_order, hand_over, heartbeat_keeps_place_and_grantee_confirms, try_lock_never_barges,
 };
 pub use instances::{instances_share_state, OpenBackend, Spread};
 pub use introspection::{list_shows_held_and_waited, state_matches_reality};
@@ -188,7 +188,7 @@ pub fn checks() -> Vec<(&'static str, Check)> {
         fifo_order,
         try_lock_never_barges,
         hand_over,
-        heartbeat_keeps_place_and_extend_confirms,
+        heartbeat_keeps_place_and_grantee_confirms,
         wait_timeout_leaves_queue,
         lease_expiry_frees_lock,
         watchdog_keeps_lock,

@@ -354,9 +354,6 @@ impl Model {
                 lease,
             } => match &mut self.hold {
                 Some(hold) if hold.owner == owner && hold.grant == grant => {
-                    if let Some((pending, _)) = hold.pending.take() {
-                        hold.levels.push(pending);
-                    }
                     hold.lease_end = hold.lease_end.max(now + lease);
                     Reply::Bool(true)
                 }
@@ -860,8 +857,8 @@ impl Schedule {
                     .await;
                 }
             }
-            // A waiter sees a hand-over made to it (its wake-up) and trusts it: its guard's
-            // keeper confirms it at once.
+            // A waiter sees a hand-over made to it (its wake-up) and trusts it: its guard
+            // confirms it at once, with its own attempt's acquire.
             72..=77 => {
                 let mut current = self.model.clone();
                 current.expire();
@@ -869,16 +866,19 @@ impl Schedule {
                 let Some((pending, _)) = hold.pending else {
                     return;
                 };
-                if let Some((owner, Known::Waiting { .. })) = self.attempts.get(&pending).copied() {
+                if let Some((owner, Known::Waiting { ttl })) = self.attempts.get(&pending).copied()
+                {
                     self.log
                         .push(format!("{pending} trusts its hand-over #{}", hold.grant));
                     self.attempts
                         .insert(pending, (owner, Known::Guard { grant: hold.grant }));
                     let lease = self.span();
-                    self.step(Request::Extend {
+                    self.step(Request::Acquire {
                         owner,
-                        grant: hold.grant,
+                        attempt: pending,
                         lease,
+                        ttl,
+                        queue: false,
                     })
                     .await;
                 }

@@ -1,0 +1,54 @@
+-- abandon: end an attempt whatever it has: its queue entry, and its level (pending, or
+-- granted by a call whose reply never arrived), handing over if that was the last level.
+--
+-- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
+-- ARGV: 1 owner, 2 attempt, 3 resend horizon ms
+-- Returns "OK", also when the attempt had nothing (abandoning twice is abandoning once).
+local owner, attempt = ARGV[1], ARGV[2]
+horizon_ms = tonumber(ARGV[3])
+
+local problem = check_types(H, Q, Z, W, F, X)
+if problem then
+  return problem
+end
+local hold, fence
+hold, problem = read_hold()
+if problem then
+  return problem
+end
+fence, problem = read_fence()
+if problem then
+  return problem
+end
+
+-- The attempt has ended: a re-sent acquire of it changes nothing.
+spend(attempt)
+
+local was_head = false
+if present[Q] then
+  evict_expired()
+  local ticket, _, head_attempt = head()
+  was_head = ticket ~= nil and head_attempt == attempt
+  dequeue(attempt)
+end
+
+hold = settle(hold, true)
+local freed = false
+if hold and hold.owner == owner and remove_level(hold, attempt) and count(hold) == 0 then
+  redis.call('DEL', H)
+  hold = nil
+  freed = true
+end
+
+if freed then
+  hand_over(fence.token)
+elseif was_head and not hold then
+  -- The lock is free: the new head may take it now rather than at its next heartbeat.
+  local ticket, _, _, head_owner = head()
+  if ticket then
+    redis.call('SPUBLISH', C, 'R ' .. head_owner)
+  end
+end
+tidy()
+save_spent()
+return 'OK'
