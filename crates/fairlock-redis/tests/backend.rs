@@ -622,7 +622,15 @@ async fn abandoning_gives_back_a_pending_grant() {
         .extend(&lock, &c, to_c.token, Duration::from_secs(5))
         .await
         .unwrap());
-    assert!(!backend.inspect(&lock).await.unwrap().holder.unwrap().confirmed);
+    assert!(
+        !backend
+            .inspect(&lock)
+            .await
+            .unwrap()
+            .holder
+            .unwrap()
+            .confirmed
+    );
     assert_eq!(granted(&backend, &c_request).await.token, to_c.token);
     let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
     assert_eq!(
