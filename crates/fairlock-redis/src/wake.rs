@@ -18,6 +18,9 @@ use tokio::sync::broadcast::error::RecvError;
 /// How long a channel stays subscribed after its last watch, unless configured.
 pub(crate) const DEFAULT_LINGER: Duration = Duration::from_secs(2);
 
+/// How many rounds [`Dispatcher::resubscribe`] tries before leaving the rest to heartbeats.
+const RESUBSCRIBE_TRIES: usize = 8;
+
 /// After messages were dropped, waiters are sent to look at most this often: a recheck by
 /// every waiter slows the next hand-overs, which could overflow the buffer again.
 const LAG_RECHECK_INTERVAL: Duration = Duration::from_millis(500);
@@ -97,18 +100,62 @@ impl Dispatcher {
                 };
                 match received {
                     Ok(_) | Err(RecvError::Lagged(_)) => {
-                        // Messages sent while we were away are lost: subscribe again, then
-                        // have every waiter look at its lock.
-                        if let Err(error) = dispatcher.subscriber.resubscribe_all().await {
-                            tracing::warn!(%error, "fairlock-redis: resubscribing after a reconnect failed");
-                        }
+                        // Messages sent while we were away are lost: have every waiter look
+                        // at its lock, and subscribe our channels again.
                         dispatcher.recheck_all();
+                        dispatcher.resubscribe().await;
                     }
                     Err(RecvError::Closed) => return,
                 }
             }
         });
         dispatcher
+    }
+
+    /// Subscribes again, one by one, every channel this process has watches on, after the
+    /// subscriber connection was re-established (a new connection has no subscriptions).
+    ///
+    /// Not fred's `resubscribe_all()`: it sends `SUBSCRIBE` and `PSUBSCRIBE` even with nothing
+    /// to subscribe, and their error replies can reach a `watch()` in flight, so a user's
+    /// `lock()` failed on a reconnect. A channel that fails is tried again with a backoff; its
+    /// waiters heartbeat meanwhile, so nothing is lost but latency.
+    async fn resubscribe(&self) {
+        let mut pause = Duration::from_millis(50);
+        for _ in 0..RESUBSCRIBE_TRIES {
+            let channels: Vec<(String, Arc<tokio::sync::Mutex<bool>>)> = self
+                .channels()
+                .iter()
+                .filter(|(_, entry)| entry.watches > 0)
+                .map(|(channel, entry)| (channel.clone(), entry.subscribed.clone()))
+                .collect();
+            let mut failed = 0;
+            for (channel, subscribed) in channels {
+                let mut subscribed = subscribed.lock().await;
+                if !self.has_watches(&channel) {
+                    continue;
+                }
+                match self.subscriber.ssubscribe(channel.as_str()).await {
+                    Ok(()) => *subscribed = true,
+                    Err(error) => {
+                        tracing::debug!(%error, channel, "fairlock-redis: resubscribing failed; will retry");
+                        *subscribed = false;
+                        failed += 1;
+                    }
+                }
+            }
+            if failed == 0 {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+        tracing::warn!("fairlock-redis: some wake-up channels could not be subscribed again; their waiters rely on heartbeats until the next watch or reconnect");
+    }
+
+    fn has_watches(&self, channel: &str) -> bool {
+        self.channels()
+            .get(channel)
+            .is_some_and(|entry| entry.watches > 0)
     }
 
     pub(crate) fn subscriber(&self) -> &SubscriberClient {
@@ -148,11 +195,57 @@ impl Dispatcher {
         };
         let mut subscribed = subscribed.lock().await;
         if !*subscribed {
-            self.subscriber.ssubscribe(channel).await?;
-            *subscribed = true;
+            match self.subscriber.ssubscribe(channel).await {
+                Ok(()) => *subscribed = true,
+                // The subscriber is reconnecting (or the server refuses for now). Wake-ups may
+                // be lost (the waiter heartbeats), so the caller is not failed for it: the
+                // subscription is retried in the background.
+                Err(error) => {
+                    tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
+                    drop(subscribed);
+                    self.subscribe_later(channel.to_owned());
+                }
+            }
         }
-        drop(subscribed);
         Ok(watch.with_registration(registration))
+    }
+
+    /// Retries subscribing `channel` with a backoff while it has watches and is not
+    /// subscribed.
+    fn subscribe_later(self: &Arc<Self>, channel: String) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            for _ in 0..RESUBSCRIBE_TRIES {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+                let Some(dispatcher) = weak.upgrade() else {
+                    return;
+                };
+                let Some(subscribed) = dispatcher
+                    .channels()
+                    .get(&channel)
+                    .filter(|entry| entry.watches > 0)
+                    .map(|entry| entry.subscribed.clone())
+                else {
+                    return;
+                };
+                let mut subscribed = subscribed.lock().await;
+                if *subscribed {
+                    return;
+                }
+                match dispatcher.subscriber.ssubscribe(channel.as_str()).await {
+                    Ok(()) => {
+                        *subscribed = true;
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; will retry");
+                    }
+                }
+            }
+            tracing::warn!(channel, "fairlock-redis: a wake-up channel could not be subscribed; its waiters rely on heartbeats");
+        });
     }
 
     fn deliver(&self, channel: &str, payload: &str) {
