@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep, timeout_at, Instant};
 use tracing::{debug, info_span, warn, Instrument};
@@ -12,6 +13,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome};
 use crate::error::{Error, Result};
 use crate::lease::Hold;
+use crate::waiting::retry_transient;
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
@@ -38,7 +40,9 @@ pub struct LockGuard {
     /// The level this guard is: the attempt that acquired it.
     attempt: AttemptId,
     hold: Arc<Hold>,
-    /// Confirms a hand-over this guard was made from (see [`confirm`]), until it is done.
+    /// What is known of this guard's own level beyond the hold's lease.
+    level: Arc<Level>,
+    /// Confirms a hand-over this guard was made from (see [`confirm_hand_over`]), until done.
     confirming: Option<AbortHandle>,
     runtime: Handle,
     released: bool,
@@ -56,11 +60,16 @@ impl LockGuard {
         runtime: Handle,
     ) -> Self {
         let hold = shared.holds.join(&shared, grant.token, deadline, &runtime);
+        let level = Arc::new(Level {
+            lost: watch::Sender::new(false),
+            unconfirmed_until: watch::Sender::new(confirm.then_some(deadline)),
+        });
         let confirming = confirm.then(|| {
             runtime
                 .spawn(confirm_hand_over(
                     shared.clone(),
                     hold.clone(),
+                    level.clone(),
                     grant.token,
                     attempt,
                     deadline,
@@ -72,6 +81,7 @@ impl LockGuard {
             grant,
             attempt,
             hold,
+            level,
             confirming,
             runtime,
             released: false,
@@ -102,7 +112,7 @@ impl LockGuard {
 
     /// Whether the lease is known to be lost. See [`lease_lost`](Self::lease_lost).
     pub fn is_lease_lost(&self) -> bool {
-        self.hold.is_lost()
+        self.hold.is_lost() || self.level.is_lost()
     }
 
     /// A future that completes when the lease is lost: renewal failed until the lease ran out,
@@ -132,10 +142,14 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe; it only observes.
     pub fn lease_lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.hold.lost_receiver();
+        let mut hold_lost = self.hold.lost_receiver();
+        let mut level_lost = self.level.lost.subscribe();
         async move {
             // An error means the guard is gone, which also ends the lease.
-            let _ = lost.wait_for(|lost| *lost).await;
+            tokio::select! {
+                _ = hold_lost.wait_for(|lost| *lost) => {}
+                _ = level_lost.wait_for(|lost| *lost) => {}
+            }
         }
     }
 
@@ -152,7 +166,7 @@ impl LockGuard {
     /// If cancelled, the extension may or may not have been applied; the guard stays valid.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_lease("lease", lease)?;
-        if self.hold.is_lost() {
+        if self.is_lease_lost() {
             return Err(Error::LeaseLost {
                 name: self.shared.name.to_string(),
             });
@@ -208,15 +222,26 @@ impl LockGuard {
         let shared = self.shared.clone();
         let token = self.grant.token;
         let attempt = self.attempt;
+        let level = self.level.clone();
         let span =
             info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
         self.runtime.spawn(
             async move {
-                let outcome = shared
-                    .backend
-                    .release(&shared.name, &shared.owner, token, attempt)
-                    .await;
+                // Harmless to repeat, so a transient failure is retried a few times: a level
+                // left behind would live as long as a sibling guard renews the hold.
+                let outcome = retry_transient(|| {
+                    shared
+                        .backend
+                        .release(&shared.name, &shared.owner, token, attempt)
+                })
+                .await;
                 match outcome {
+                    Ok(ReleaseOutcome::Released { .. }) if level.is_lost() => {
+                        debug!("released, but this guard's hand-over had lapsed before");
+                        Err(Error::LeaseLost {
+                            name: shared.name.to_string(),
+                        })
+                    }
                     Ok(ReleaseOutcome::Released { remaining }) => {
                         debug!(remaining, "released");
                         Ok(())
@@ -247,15 +272,43 @@ impl Drop for LockGuard {
     }
 }
 
+/// What a guard knows of its own level, apart from the hold's lease: a guard made from a
+/// hand-over's wake-up holds a pending level until its confirmation lands, and that level can
+/// lapse on its own while sibling guards keep the hold.
+#[derive(Debug)]
+struct Level {
+    /// The level is known (or must be assumed) gone. Never goes back.
+    lost: watch::Sender<bool>,
+    /// While unconfirmed: the local instant the pending level surely lasts until.
+    unconfirmed_until: watch::Sender<Option<Instant>>,
+}
+
+impl Level {
+    fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+            || self
+                .unconfirmed_until
+                .borrow()
+                .is_some_and(|until| Instant::now() >= until)
+    }
+
+    fn mark_lost(&self, shared: &LockShared, why: &str) {
+        if !self.lost.send_replace(true) {
+            warn!(lock = %shared.name, owner = %shared.owner, why, "fairlock lease lost");
+        }
+    }
+}
+
 /// Confirms a hand-over that a guard was made from on the wake-up alone: its attempt's own
-/// `acquire` turns the pending level into a confirmed one and sets the lease. If the pending
-/// level lapsed first (the wake-up or this call came too late), the store answers that the
-/// attempt is spent, and the hold's lease is flagged lost: this guard has no level, so it must
-/// not go on as if it had. Transient errors are retried until `deadline`, by which the
-/// keeper flags the lease lost anyway.
+/// `acquire` turns the pending level into a confirmed one and lengthens the hold's lease. If
+/// the pending level lapsed first (the wake-up or this call came too late), the store answers
+/// that the attempt is spent, and this guard's lease is flagged lost: it has no level, whatever
+/// its sibling guards of the same hold have. Transient errors are retried until `deadline`,
+/// when the pending level may lapse and the guard is flagged lost the same way.
 async fn confirm_hand_over(
     shared: Arc<LockShared>,
     hold: Arc<Hold>,
+    level: Arc<Level>,
     token: u64,
     attempt: AttemptId,
     deadline: Instant,
@@ -275,17 +328,21 @@ async fn confirm_hand_over(
             Ok(Ok(AcquireOutcome::Granted(grant))) if grant.token == token => {
                 debug!(lock = %shared.name, token, "hand-over confirmed");
                 hold.extended(sent, lease);
+                level.unconfirmed_until.send_replace(None);
                 return;
             }
             Ok(Ok(_)) => {
-                hold.mark_lost(&shared, "the hand-over lapsed before it was confirmed");
+                level.mark_lost(&shared, "the hand-over lapsed before it was confirmed");
                 return;
             }
             Ok(Err(err)) => {
                 debug!(lock = %shared.name, token, error = %err, "confirming a hand-over failed; retrying");
                 sleep(Duration::from_millis(20)).await;
             }
-            Err(_elapsed) => return,
+            Err(_elapsed) => {
+                level.mark_lost(&shared, "the hand-over could not be confirmed in time");
+                return;
+            }
         }
     }
 }

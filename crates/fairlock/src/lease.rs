@@ -58,11 +58,16 @@ impl Holds {
     ) -> Arc<Hold> {
         let watchdog = shared.options.lease.is_none();
         let key = (shared.name.clone(), shared.owner.clone(), token);
+        // Declared before the map's guard, so it is dropped after it: dropping the last `Arc`
+        // of a hold runs `Hold::drop`, which takes the map's lock.
+        let mut stale = None;
         let mut map = self.lock_map();
         if let Some(hold) = map.get(&key).and_then(Weak::upgrade) {
             // A hold already lost stays lost; a new grant of the same token means the store
             // still has it, so that guard starts a fresh record instead.
-            if !hold.is_lost() {
+            if hold.is_lost() {
+                stale = Some(hold);
+            } else {
                 hold.deadline.send_modify(|d| *d = (*d).max(until));
                 if watchdog {
                     hold.watchdogs.send_modify(|n| *n += 1);
@@ -83,6 +88,8 @@ impl Holds {
             .abort_handle();
         *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
         map.insert(key, Arc::downgrade(&hold));
+        drop(map);
+        drop(stale);
         hold
     }
 }

@@ -267,6 +267,10 @@ impl FairLock {
     /// Waits at most `wait` for the lock, in FIFO order, then gives up and leaves the queue
     /// (without delaying the waiters behind). A zero `wait` is [`try_lock`](Self::try_lock).
     ///
+    /// It returns within `wait` plus about 50 ms, whatever the store does: a call in flight at
+    /// the deadline is given up, and leaving the queue goes on in the background if the store
+    /// is slow to answer.
+    ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out;
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `wait` is above

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, Wake};
 use crate::error::{Error, Result};
@@ -40,6 +40,10 @@ pub(crate) enum Wait {
     /// Wait at most this long.
     AtMost(Duration),
 }
+
+/// How much longer than its `wait` a `try_lock_for` that timed out may take, to leave the queue
+/// before it returns; past that, leaving goes on in the background.
+pub(crate) const TIMEOUT_SLACK: Duration = Duration::from_millis(50);
 
 /// A pending hand-over is trusted without a round trip only if this much of its guaranteed
 /// life is left; otherwise the waiter confirms it with `acquire` first. Covers clock-rate drift.
@@ -81,9 +85,11 @@ async fn acquire_inner(
         Wait::AtMost(wait) => Some(started + wait),
     };
     let timed_out = |attempt: Attempt| async move {
-        // Leave the queue before reporting, so the caller sees a clean state.
+        // Leave the queue before reporting, so the caller usually sees a clean state; but a
+        // slow store must not stretch the caller's bound by more than a small slack: the
+        // clean-up goes on in the background.
         if let Some(cleanup) = attempt.abandon() {
-            let _ = cleanup.await;
+            let _ = tokio::time::timeout(TIMEOUT_SLACK, cleanup).await;
         }
         Err(Error::Timeout {
             name: shared.name.to_string(),
@@ -108,7 +114,14 @@ async fn acquire_inner(
 
     let ttl = shared.options.waiter_ttl;
     let heartbeat = ttl / 3;
-    let mut watch = shared.backend.watch(&shared.name, &shared.owner).await?;
+    let watching = shared.backend.watch(&shared.name, &shared.owner);
+    let mut watch = match deadline {
+        None => watching.await?,
+        Some(deadline) => match timeout_at(deadline, watching).await {
+            Ok(watch) => watch?,
+            Err(_elapsed) => return timed_out(attempt).await,
+        },
+    };
     let mut watch_open = true;
     let mut renewed = 0;
     loop {
@@ -329,12 +342,12 @@ impl Attempt {
                     // Removes our queue entry, a hand-over made to us that we never took, or a
                     // grant whose reply we never saw; a request of ours still on its way will
                     // find the attempt ended and change nothing.
-                    if let Err(err) = shared
-                        .backend
-                        .abandon(&shared.name, &shared.owner, attempt)
-                        .await
-                    {
-                        debug!(error = %err, "abandoning failed; what we left ends with its TTL");
+                    let abandoned = retry_transient(|| {
+                        shared.backend.abandon(&shared.name, &shared.owner, attempt)
+                    })
+                    .await;
+                    if let Err(err) = abandoned {
+                        warn!(error = %err, "abandoning failed; what we left ends with its TTL or lease");
                     }
                 }
                 .instrument(span),
@@ -346,5 +359,32 @@ impl Attempt {
 impl Drop for Attempt {
     fn drop(&mut self) {
         drop(self.start_cleanup());
+    }
+}
+
+/// How often a call that is harmless to repeat (`release`, `abandon`) is tried when the store
+/// fails transiently, and the first pause between tries (doubling).
+const RETRIES: u32 = 5;
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Runs `call` until it succeeds, fails for good, or [`RETRIES`] transient failures (about
+/// 0.75 s of pauses in all). Only for calls that are harmless when applied twice.
+pub(crate) async fn retry_transient<T, F, Fut>(mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut pause = FIRST_RETRY_PAUSE;
+    let mut tries = 1;
+    loop {
+        match call().await {
+            Err(err) if err.is_transient() && tries < RETRIES => {
+                debug!(error = %err, tries, "transient failure; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                tries += 1;
+            }
+            other => return other,
+        }
     }
 }

@@ -1,0 +1,160 @@
+//! Faults between the core and a store, on paused time: a hand-over whose confirmation
+//! stalls while a sibling guard of the same owner holds, and a nested grant whose reply and
+//! clean-up are both lost. Found by review; each test failed on the code before its fix.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fairlock::backend::{
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Watch,
+};
+use fairlock::{Error, LockClient, LockName, MemoryBackend, Owner, Result};
+
+/// `MemoryBackend` with two faults, each switched on by a flag: the confirmation of a
+/// hand-over (an `acquire` that does not queue, by an attempt that queued) stalls 10 s; and a
+/// link that loses the next acquire's reply and then fails the abandon that follows.
+#[derive(Debug, Clone, Default)]
+struct Faulty {
+    inner: MemoryBackend,
+    queued: Arc<Mutex<HashSet<AttemptId>>>,
+    stall_confirmations: Arc<AtomicBool>,
+    lose_next_reply: Arc<AtomicBool>,
+    fail_next_abandon: Arc<AtomicBool>,
+}
+
+fn down() -> Error {
+    Error::Unavailable {
+        backend: "faulty",
+        endpoint: "test".into(),
+        source: "link down".into(),
+    }
+}
+
+#[async_trait]
+impl LockBackend for Faulty {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        if request.queue {
+            self.queued.lock().unwrap().insert(request.attempt);
+        } else if self.stall_confirmations.load(SeqCst)
+            && self.queued.lock().unwrap().contains(&request.attempt)
+        {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        let outcome = self.inner.acquire(request).await?;
+        if self.lose_next_reply.swap(false, SeqCst) {
+            return Err(down());
+        }
+        Ok(outcome)
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        self.inner.release(name, owner, token, attempt).await
+    }
+
+    async fn extend(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        lease: Duration,
+    ) -> Result<bool> {
+        self.inner.extend(name, owner, token, lease).await
+    }
+
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        if self.fail_next_abandon.swap(false, SeqCst) {
+            return Err(down());
+        }
+        self.inner.abandon(name, owner, attempt).await
+    }
+
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        self.inner.force_release(name, token).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        self.inner.inspect(name).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+        self.inner.list(prefix).await
+    }
+
+    async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
+        self.inner.watch(name, owner).await
+    }
+}
+
+/// A guard made from a hand-over's wake-up holds its level only once confirmed. If the
+/// confirmation stalls past the hand-over's life while a nested guard of the same owner keeps
+/// the hold (and pushes its lease out), the hand-over guard must report its lease lost, not
+/// go on without a level while another owner takes the lock.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
+    let backend = Faulty::default();
+    backend.stall_confirmations.store(true, SeqCst);
+    let client = LockClient::new(backend.clone());
+    let holder = client.fair_lock("x").unwrap();
+    let owner = Arc::new(
+        client
+            .fair_lock("x")
+            .unwrap()
+            .with_lease(Duration::from_secs(30))
+            .unwrap(),
+    );
+    let other = client.fair_lock("x").unwrap();
+
+    let held = holder.lock().await.unwrap();
+    let waiting = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.unlock().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let nested = owner.lock().await.unwrap();
+    assert_eq!(nested.hold_count(), 2);
+
+    // The hand-over's pending level lapses (waiter TTL 5 s): its guard has no level now.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        handed.is_lease_lost(),
+        "the hand-over guard has no level in the store but does not know it"
+    );
+    assert!(!nested.is_lease_lost(), "the nested guard's level is fine");
+    nested.unlock().await.unwrap();
+    // The store has no level left: another owner takes the lock, and the stale guard knows.
+    let taken = other.try_lock().await.unwrap();
+    assert!(matches!(handed.unlock().await, Err(Error::LeaseLost { .. })));
+    taken.unlock().await.unwrap();
+}
+
+/// A nested grant whose reply is lost, and whose abandon fails once, is still given back: the
+/// abandon is retried (it is harmless to repeat), so the hold does not keep a level nobody
+/// holds while the outer guard's watchdog renews it.
+#[tokio::test(start_paused = true)]
+async fn a_lost_nested_grant_is_given_back_even_if_abandon_fails_once() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let owner = client.fair_lock("x").unwrap();
+    let other = client.fair_lock("x").unwrap();
+    let outer = owner.lock().await.unwrap();
+    backend.lose_next_reply.store(true, SeqCst);
+    backend.fail_next_abandon.store(true, SeqCst);
+    assert!(owner.lock().await.is_err(), "the nested reply is lost");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let holder = client.state("x").await.unwrap().holder.unwrap();
+    assert_eq!(holder.hold_count, 1, "one live guard, one level: {holder:?}");
+    outer.unlock().await.unwrap();
+    other.try_lock().await.unwrap().unlock().await.unwrap();
+}
