@@ -13,10 +13,10 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome};
 use crate::error::{Error, Result};
 use crate::lease::Hold;
-use crate::waiting::retry_transient;
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
+use crate::waiting::retry_transient;
 
 /// One level of a held lock. Dropping it releases that level.
 ///

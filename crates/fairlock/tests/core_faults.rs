@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
+    Watch,
 };
 use fairlock::{Error, LockClient, LockName, MemoryBackend, Owner, Result};
 
@@ -135,7 +135,10 @@ async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
     nested.unlock().await.unwrap();
     // The store has no level left: another owner takes the lock, and the stale guard knows.
     let taken = other.try_lock().await.unwrap();
-    assert!(matches!(handed.unlock().await, Err(Error::LeaseLost { .. })));
+    assert!(matches!(
+        handed.unlock().await,
+        Err(Error::LeaseLost { .. })
+    ));
     taken.unlock().await.unwrap();
 }
 
@@ -154,7 +157,10 @@ async fn a_lost_nested_grant_is_given_back_even_if_abandon_fails_once() {
     assert!(owner.lock().await.is_err(), "the nested reply is lost");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let holder = client.state("x").await.unwrap().holder.unwrap();
-    assert_eq!(holder.hold_count, 1, "one live guard, one level: {holder:?}");
+    assert_eq!(
+        holder.hold_count, 1,
+        "one live guard, one level: {holder:?}"
+    );
     outer.unlock().await.unwrap();
     other.try_lock().await.unwrap().unlock().await.unwrap();
 }

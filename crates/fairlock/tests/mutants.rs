@@ -45,6 +45,12 @@ enum Kind {
     EndlessWaiters,
     /// `inspect` always reports the holder confirmed.
     InspectConfirmed,
+    /// A re-entry does not set the lease from now.
+    ReentryKeepsLease,
+    /// A pending grant lasts the waiter's lease instead of its liveness TTL.
+    PendingLastsLease,
+    /// `list` counts waiters that died.
+    ListCountsDead,
 }
 
 /// The checks written for each clause: at least one of them must fail.
@@ -64,12 +70,15 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ConfirmIgnored => &["heartbeat_keeps_place_and_grantee_confirms"],
         Kind::TokensDecrease => &["fencing_tokens_increase", "mutual_exclusion"],
         Kind::HeartbeatToTail => &["heartbeat_keeps_place_and_grantee_confirms"],
-        Kind::ForgetsSpent => &["release_by_non_owner"],
+        Kind::ForgetsSpent => &["release_by_non_owner", "pending_grant_lasts_the_waiter_ttl"],
         Kind::ForceAnyToken => &["force_release"],
         Kind::Barging => &["try_lock_never_barges"],
         Kind::EndlessLease => &["lease_expiry_frees_lock"],
         Kind::EndlessWaiters => &["dead_waiters_are_evicted"],
         Kind::InspectConfirmed => &["hand_over", "heartbeat_keeps_place_and_grantee_confirms"],
+        Kind::ReentryKeepsLease => &["reentry_lengthens_the_lease"],
+        Kind::PendingLastsLease => &["pending_grant_lasts_the_waiter_ttl"],
+        Kind::ListCountsDead => &["list_ignores_dead_waiters"],
     }
 }
 
@@ -82,10 +91,13 @@ struct Mutant {
     inner: Arc<dyn LockBackend>,
     /// Outer attempt -> the attempt the inner backend sees (for the mutants that remap).
     attempts: Mutex<HashMap<AttemptId, AttemptId>>,
+    /// The most waiters `list` ever saw per lock (for the mutant that never forgets them),
+    /// shared by every instance, as a store's state would be.
+    listed: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Mutant {
-    fn new(kind: Kind, inner: MemoryBackend) -> Self {
+    fn new(kind: Kind, inner: MemoryBackend, listed: Arc<Mutex<HashMap<String, usize>>>) -> Self {
         let inner: Arc<dyn LockBackend> = match kind {
             Kind::NoWakeups => Arc::new(LossyWakeups::new(Arc::new(inner))),
             _ => Arc::new(inner),
@@ -94,6 +106,7 @@ impl Mutant {
             kind,
             inner,
             attempts: Mutex::default(),
+            listed,
         }
     }
 
@@ -151,6 +164,15 @@ impl LockBackend for Mutant {
         match self.kind {
             Kind::EndlessLease => inner.lease = MAX_DURATION,
             Kind::EndlessWaiters => inner.waiter_ttl = MAX_DURATION,
+            // The queue entry (and so a hand-over) lives as long as the lease asked for.
+            Kind::PendingLastsLease => inner.waiter_ttl = inner.waiter_ttl.max(inner.lease),
+            Kind::ReentryKeepsLease => {
+                let holder = self.inner.inspect(&request.name).await?.holder;
+                if holder.is_some_and(|h| h.owner == request.owner.as_str()) {
+                    // The smallest lease: the inner store keeps the current end.
+                    inner.lease = Duration::from_millis(1);
+                }
+            }
             _ => {}
         }
         let mut outcome = self.inner.acquire(&inner).await?;
@@ -262,7 +284,16 @@ impl LockBackend for Mutant {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
-        self.inner.list(prefix).await
+        let mut listed = self.inner.list(prefix).await?;
+        if self.kind == Kind::ListCountsDead {
+            let mut seen = self.listed.lock().unwrap();
+            for summary in &mut listed {
+                let most = seen.entry(summary.name.clone()).or_default();
+                *most = (*most).max(summary.waiters);
+                summary.waiters = *most;
+            }
+        }
+        Ok(listed)
     }
 
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
@@ -298,6 +329,7 @@ impl LockBackend for Mutant {
 
 async fn caught(kind: Kind) -> Vec<String> {
     let store = MemoryBackend::new();
+    let listed = Arc::default();
     let report = run_checks_within(
         move || {
             let handle = if kind == Kind::Unshared {
@@ -305,7 +337,8 @@ async fn caught(kind: Kind) -> Vec<String> {
             } else {
                 store.clone()
             };
-            async move { Arc::new(Mutant::new(kind, handle)) as Arc<dyn LockBackend> }
+            let mutant = Mutant::new(kind, handle, Arc::clone(&listed));
+            async move { Arc::new(mutant) as Arc<dyn LockBackend> }
         },
         Duration::from_secs(30),
     )
@@ -333,6 +366,9 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::EndlessLease,
         Kind::EndlessWaiters,
         Kind::InspectConfirmed,
+        Kind::ReentryKeepsLease,
+        Kind::PendingLastsLease,
+        Kind::ListCountsDead,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
     // has to fail the check written for its clause.

@@ -63,6 +63,10 @@
 //! | [`attempts_of_one_owner_are_independent`] | one attempt's timeout never costs another attempt of the owner its place |
 //! | [`one_lease_per_hold`] | a nested guard's `extend` never shortens the hold's lease, and counts for every guard |
 //! | [`lost_grant_reply_leaves_no_level`] | a grant whose reply was lost (through [`LostReplies`]) leaves no phantom level |
+//! | [`reentry_lengthens_the_lease`] | a re-entry sets the lease from now when that is later, never shorter |
+//! | [`pending_grant_lasts_the_waiter_ttl`] | an unconfirmed hand-over ends after the waiter's TTL, not its lease; its attempt is then spent |
+//! | [`list_ignores_dead_waiters`] | `list` counts live waiters only |
+//! | [`resends_are_harmless`] | with half the requests delivered again later (through [`Resend`]), exclusion, counts and tokens hold and nothing is left |
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
 //! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
@@ -92,6 +96,7 @@ use crate::backend::LockBackend;
 
 mod attempts;
 mod cancel;
+mod clauses;
 mod eviction;
 mod exclusion;
 mod fencing;
@@ -111,6 +116,10 @@ pub use attempts::{
     nested_lock_after_hand_over, one_lease_per_hold, shared_handle_counts_each_guard, LostReplies,
 };
 pub use cancel::{cancel_at_grant_time_leaves_nothing, cancelled_waits_leave_nothing};
+pub use clauses::{
+    list_ignores_dead_waiters, pending_grant_lasts_the_waiter_ttl, reentry_lengthens_the_lease,
+    resends_are_harmless, Resend,
+};
 pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};
 pub use fencing::fencing_tokens_increase;
@@ -185,6 +194,10 @@ pub fn checks() -> Vec<(&'static str, Check)> {
         attempts_of_one_owner_are_independent,
         one_lease_per_hold,
         lost_grant_reply_leaves_no_level,
+        reentry_lengthens_the_lease,
+        pending_grant_lasts_the_waiter_ttl,
+        list_ignores_dead_waiters,
+        resends_are_harmless,
         fifo_order,
         try_lock_never_barges,
         hand_over,

@@ -1,0 +1,366 @@
+//! Clauses of the contract seen from the store's side, each checked on its own: a re-entry
+//! lengthens the lease, a pending grant lasts the waiter's TTL (not the lease), `list` does not
+//! count dead waiters, and re-sent requests are harmless ([`Resend`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::Rng;
+use tokio::time::sleep;
+
+use super::support::{self, raw_acquire, raw_acquire_as, OrFail};
+use crate::backend::{
+    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
+    Watch,
+};
+use crate::error::{Error, Result};
+use crate::name::{LockName, Owner};
+
+/// A re-entry sets the hold's lease to the requested one from now when that is later than its
+/// current end (and never shortens it): a hold granted with a short lease and re-entered with
+/// a long one lasts the long one.
+pub async fn reentry_lengthens_the_lease(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "reentry_lengthens_the_lease";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let owner = Owner::unique();
+    let short = Duration::from_millis(300);
+    let long = Duration::from_secs(5);
+    let ttl = support::WAITER_TTL;
+    let (first, second) = (AttemptId::random(), AttemptId::random());
+    let AcquireOutcome::Granted(grant) =
+        raw_acquire_as(&backend, &name, &owner, first, short, ttl, false).await
+    else {
+        panic!("{CHECK}: a fresh lock must be granted");
+    };
+    let outcome = raw_acquire_as(&backend, &name, &owner, second, long, ttl, false).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted(g) if g.token == grant.token && g.hold_count == 2),
+        "{CHECK}: re-entry: {outcome:?}"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    let left = state.holder.as_ref().map(|h| h.lease_remaining);
+    assert!(
+        left.is_some_and(|left| left > short * 2),
+        "{CHECK}: a re-entry with a {long:?} lease must lengthen a {short:?} one: {state:?}"
+    );
+    sleep(short + Duration::from_millis(200)).await;
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.token == grant.token),
+        "{CHECK}: the hold must outlive its first, shorter lease: {state:?}"
+    );
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    for attempt in [second, first] {
+        backend
+            .release(&lock_name, &owner, grant.token, attempt)
+            .await
+            .or_fail(CHECK);
+    }
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
+}
+
+/// A hand-over to a waiter that never confirms it lasts that waiter's liveness TTL, not the
+/// lease it asked for: then the lock is free again, and the waiter's attempt is spent (a late
+/// `acquire` of it is refused with `Busy` and changes nothing).
+pub async fn pending_grant_lasts_the_waiter_ttl(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "pending_grant_lasts_the_waiter_ttl";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let long = Duration::from_secs(30);
+    let ttl = Duration::from_millis(400);
+    let (holder, dead) = (Owner::unique(), Owner::unique());
+    let AcquireOutcome::Granted(held) =
+        raw_acquire(&backend, &name, &holder, long, long, false).await
+    else {
+        panic!("{CHECK}: a fresh lock must be granted");
+    };
+    let outcome = raw_acquire(&backend, &name, &dead, long, ttl, true).await;
+    support::expect_queued(outcome, held.token, format!("{CHECK}: queue"));
+    super::fifo::release_raw(&backend, &name, &holder, held.token, CHECK).await;
+    let state = client.state(&name).await.or_fail(CHECK);
+    let Some(pending) = state.holder.as_ref().filter(|h| h.owner == dead.as_str()) else {
+        panic!("{CHECK}: the release must hand the lock to the waiter: {state:?}");
+    };
+    assert!(
+        !pending.confirmed && pending.lease_remaining <= ttl + support::CLOCK_SLACK,
+        "{CHECK}: a pending grant lasts the waiter's TTL ({ttl:?}), not its lease ({long:?}): {state:?}"
+    );
+    sleep(ttl + Duration::from_millis(200)).await;
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.is_none(),
+        "{CHECK}: an unconfirmed hand-over must end after the waiter's TTL: {state:?}"
+    );
+    let late = raw_acquire(&backend, &name, &dead, long, ttl, true).await;
+    assert_eq!(
+        late,
+        AcquireOutcome::Busy,
+        "{CHECK}: the attempt of a lapsed hand-over is spent"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.is_none() && state.waiters.is_empty(),
+        "{CHECK}: a spent attempt's acquire must change nothing: {state:?}"
+    );
+    backend
+        .abandon(&lock_name, &dead, support::attempt_of(&dead))
+        .await
+        .or_fail(CHECK);
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
+}
+
+/// `list` counts live waiters only: a waiter that stopped heart-beating stops being counted
+/// once its TTL has passed, and a lock with nothing but dead waiters is not listed.
+pub async fn list_ignores_dead_waiters(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "list_ignores_dead_waiters";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let long = Duration::from_secs(30);
+    let ttl = Duration::from_millis(300);
+    let (holder, dead) = (Owner::unique(), Owner::unique());
+    let AcquireOutcome::Granted(held) =
+        raw_acquire(&backend, &name, &holder, long, long, false).await
+    else {
+        panic!("{CHECK}: a fresh lock must be granted");
+    };
+    let outcome = raw_acquire(&backend, &name, &dead, long, ttl, true).await;
+    support::expect_queued(outcome, held.token, format!("{CHECK}: queue"));
+    let waiters = |list: &[LockSummary]| list.iter().find(|s| s.name == name).map(|s| s.waiters);
+    let listed = client.list(&name).await.or_fail(CHECK);
+    assert_eq!(
+        waiters(&listed),
+        Some(1),
+        "{CHECK}: one live waiter: {listed:?}"
+    );
+    sleep(ttl + Duration::from_millis(200)).await;
+    let listed = client.list(&name).await.or_fail(CHECK);
+    assert_eq!(
+        waiters(&listed),
+        Some(0),
+        "{CHECK}: a dead waiter must not be counted: {listed:?}"
+    );
+    super::fifo::release_raw(&backend, &name, &holder, held.token, CHECK).await;
+    let listed = client.list(&name).await.or_fail(CHECK);
+    assert_eq!(
+        waiters(&listed),
+        None,
+        "{CHECK}: a free lock with only dead waiters is not listed: {listed:?}"
+    );
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
+}
+
+/// A wrapper that delivers state-changing requests again, later: each `acquire`, `release`,
+/// `extend`, `abandon` and `force_release` is, with probability `chance`, sent a second time
+/// after a random delay below `max_delay` (its reply dropped), as a client does after a
+/// reconnect or as a paused server runs a request late. A backend that keeps the contract is
+/// unaffected; run any check or workload through it.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use fairlock::conformance::Resend;
+/// use fairlock::{LockClient, MemoryBackend};
+///
+/// let resending = Resend::new(Arc::new(MemoryBackend::new()), 0.5, Duration::from_millis(20));
+/// let client = LockClient::new(resending);
+/// # drop(client);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Resend {
+    inner: Arc<dyn LockBackend>,
+    chance: f64,
+    max_delay: Duration,
+    resent: Arc<AtomicUsize>,
+}
+
+impl Resend {
+    /// Wraps `inner`, re-sending each state-changing request with probability `chance`
+    /// (clamped to 0..=1) after up to `max_delay`.
+    pub fn new(inner: Arc<dyn LockBackend>, chance: f64, max_delay: Duration) -> Self {
+        Resend {
+            inner,
+            chance: chance.clamp(0.0, 1.0),
+            max_delay,
+            resent: Arc::default(),
+        }
+    }
+
+    /// How many requests were sent again so far.
+    pub fn resent(&self) -> usize {
+        self.resent.load(Ordering::Relaxed)
+    }
+
+    /// Maybe sends `call` again later, in the background.
+    fn later<F, Fut>(&self, call: F)
+    where
+        F: FnOnce(Arc<dyn LockBackend>) -> Fut + Send + 'static,
+        Fut: std::future::Future + Send + 'static,
+    {
+        let mut rng = rand::thread_rng();
+        if !rng.gen_bool(self.chance) {
+            return;
+        }
+        let delay = self.max_delay.mul_f64(rng.gen::<f64>());
+        let inner = self.inner.clone();
+        let resent = self.resent.clone();
+        tokio::spawn(async move {
+            sleep(delay).await;
+            resent.fetch_add(1, Ordering::Relaxed);
+            let _ = call(inner).await;
+        });
+    }
+}
+
+#[async_trait]
+impl LockBackend for Resend {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        let outcome = self.inner.acquire(request).await;
+        let again = request.clone();
+        self.later(move |inner| async move { inner.acquire(&again).await });
+        outcome
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        attempt: AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        let outcome = self.inner.release(name, owner, token, attempt).await;
+        let (name, owner) = (name.clone(), owner.clone());
+        self.later(move |inner| async move { inner.release(&name, &owner, token, attempt).await });
+        outcome
+    }
+
+    async fn extend(
+        &self,
+        name: &LockName,
+        owner: &Owner,
+        token: u64,
+        lease: Duration,
+    ) -> Result<bool> {
+        let outcome = self.inner.extend(name, owner, token, lease).await;
+        let (name, owner) = (name.clone(), owner.clone());
+        self.later(move |inner| async move { inner.extend(&name, &owner, token, lease).await });
+        outcome
+    }
+
+    async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        let outcome = self.inner.abandon(name, owner, attempt).await;
+        let (name, owner) = (name.clone(), owner.clone());
+        self.later(move |inner| async move { inner.abandon(&name, &owner, attempt).await });
+        outcome
+    }
+
+    async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        let outcome = self.inner.force_release(name, token).await;
+        let name = name.clone();
+        self.later(move |inner| async move { inner.force_release(&name, token).await });
+        outcome
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        self.inner.inspect(name).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+        self.inner.list(prefix).await
+    }
+
+    async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
+        self.inner.watch(name, owner).await
+    }
+}
+
+/// Through [`Resend`] (half of all requests delivered again up to 30 ms later), contended
+/// locking with nested guards, `try_lock`, timeouts and cancellations keeps mutual exclusion,
+/// exact hold counts and increasing tokens, and leaves the lock clean once the re-sends have
+/// landed.
+pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "resends_are_harmless";
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 12;
+    let max_delay = Duration::from_millis(30);
+    let resending = Resend::new(backend.clone(), 0.5, max_delay);
+    let resend_client = support::client(&(Arc::new(resending.clone()) as Arc<dyn LockBackend>));
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let lock = resend_client.fair_lock(&name).or_fail(CHECK);
+        let (inside, tokens) = (inside.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let guard = match round % 4 {
+                    0 => match lock.try_lock_for(Duration::from_millis(20)).await {
+                        Ok(guard) => guard,
+                        Err(Error::Timeout { .. }) => continue,
+                        Err(err) => panic!("{CHECK}: task {task}: try_lock_for: {err}"),
+                    },
+                    1 => {
+                        // A wait cancelled at a random point (or granted before that).
+                        let wait = Duration::from_millis(rand::thread_rng().gen_range(0..10));
+                        match tokio::time::timeout(wait, lock.lock()).await {
+                            Ok(guard) => guard.or_fail(format!("{CHECK}: task {task}: lock")),
+                            Err(_cancelled) => continue,
+                        }
+                    }
+                    _ => lock
+                        .lock()
+                        .await
+                        .or_fail(format!("{CHECK}: task {task}: lock")),
+                };
+                let others = inside.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(
+                    others, 0,
+                    "{CHECK}: task {task} entered while {others} others were inside"
+                );
+                tokens.lock().unwrap().push(guard.fencing_token());
+                let nested = lock
+                    .lock()
+                    .await
+                    .or_fail(format!("{CHECK}: task {task}: nested"));
+                assert_eq!(
+                    (guard.hold_count() + 1, nested.fencing_token()),
+                    (nested.hold_count(), guard.fencing_token()),
+                    "{CHECK}: task {task}: a nested guard is one more level of the same hold"
+                );
+                tokio::task::yield_now().await;
+                // Awaited, so that the next round starts from a released hold.
+                nested
+                    .unlock()
+                    .await
+                    .or_fail(format!("{CHECK}: task {task}: nested unlock"));
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard
+                    .unlock()
+                    .await
+                    .or_fail(format!("{CHECK}: task {task}: unlock"));
+            }
+        }));
+    }
+    support::join_all(tasks).await;
+    let tokens = tokens.lock().unwrap().clone();
+    for pair in tokens.windows(2) {
+        assert!(pair[0] < pair[1], "{CHECK}: tokens must increase: {pair:?}");
+    }
+    // The last re-sends land within `max_delay`; after them, nothing may be left.
+    sleep(max_delay * 2).await;
+    support::wait_clean(
+        &client,
+        &name,
+        format!("{CHECK}: clean once the re-sends landed"),
+    )
+    .await;
+    assert!(resending.resent() > 0, "{CHECK}: nothing was re-sent");
+}
