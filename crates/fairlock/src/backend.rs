@@ -1,4 +1,112 @@
 //! The contract between fairlock's core and a store: [`LockBackend`].
+//!
+//! A backend implements the eight methods of [`LockBackend`] over its store and keeps the
+//! *Contract* written on the trait; the core does all the waiting. The example below is a
+//! complete backend: it keeps each tenant's locks under a name prefix in a store shared by
+//! several tenants (here a [`MemoryBackend`](crate::MemoryBackend)), so it shows every method
+//! and what it must return. A backend for a new store has the same shape, with each method one
+//! transaction of the store (see `docs/backends.md` and `MemoryBackend`'s source).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use async_trait::async_trait;
+//! use fairlock::backend::{
+//!     AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary,
+//!     ReleaseOutcome, Watch,
+//! };
+//! use fairlock::{LockClient, LockName, MemoryBackend, Owner, Result};
+//!
+//! /// One tenant's locks, under `prefix` in a store other tenants share.
+//! #[derive(Debug)]
+//! struct Tenant {
+//!     store: Arc<dyn LockBackend>,
+//!     prefix: String,
+//! }
+//!
+//! impl Tenant {
+//!     /// The name in the shared store. The core validated `name`; the longer name may still
+//!     /// be refused, with a typed error, never a panic.
+//!     fn stored(&self, name: &LockName) -> Result<LockName> {
+//!         LockName::new(format!("{}{name}", self.prefix))
+//!     }
+//! }
+//!
+//! #[async_trait]
+//! impl LockBackend for Tenant {
+//!     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+//!         let mut stored = request.clone();
+//!         stored.name = self.stored(&request.name)?;
+//!         self.store.acquire(&stored).await
+//!     }
+//!
+//!     async fn release(
+//!         &self,
+//!         name: &LockName,
+//!         owner: &Owner,
+//!         token: u64,
+//!         attempt: AttemptId,
+//!     ) -> Result<ReleaseOutcome> {
+//!         self.store.release(&self.stored(name)?, owner, token, attempt).await
+//!     }
+//!
+//!     async fn extend(
+//!         &self,
+//!         name: &LockName,
+//!         owner: &Owner,
+//!         token: u64,
+//!         lease: Duration,
+//!     ) -> Result<bool> {
+//!         self.store.extend(&self.stored(name)?, owner, token, lease).await
+//!     }
+//!
+//!     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+//!         self.store.abandon(&self.stored(name)?, owner, attempt).await
+//!     }
+//!
+//!     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+//!         self.store.force_release(&self.stored(name)?, token).await
+//!     }
+//!
+//!     async fn inspect(&self, name: &LockName) -> Result<LockState> {
+//!         let mut state = self.store.inspect(&self.stored(name)?).await?;
+//!         state.name = name.to_string();
+//!         Ok(state)
+//!     }
+//!
+//!     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+//!         let mut locks = self.store.list(&format!("{}{prefix}", self.prefix)).await?;
+//!         for lock in &mut locks {
+//!             lock.name = lock.name[self.prefix.len()..].to_owned();
+//!         }
+//!         Ok(locks)
+//!     }
+//!
+//!     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
+//!         self.store.watch(&self.stored(name)?, owner).await
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<()> {
+//! let shared: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+//! let tenant = |prefix: &str| {
+//!     LockClient::new(Tenant { store: shared.clone(), prefix: prefix.to_owned() })
+//! };
+//! let (a, b) = (tenant("a/"), tenant("b/"));
+//! let held = a.fair_lock("report")?.lock().await?;
+//! // Another tenant's lock of the same name is another lock.
+//! let other = b.fair_lock("report")?.try_lock().await?;
+//! assert_eq!(a.list("").await?.len(), 1);
+//! other.unlock().await?;
+//! held.unlock().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Prove a backend with the conformance suite (feature `conformance`):
+//! `fairlock::conformance::run_all` with a closure that opens instances of it.
 
 use std::any::Any;
 use std::fmt;
@@ -124,6 +232,11 @@ use crate::name::{LockName, Owner};
 /// `release` or `abandon`, in the background if its caller is gone), so a backend need not
 /// be cancel safe beyond atomicity.
 ///
+/// **Capabilities.** A store may measure time more coarsely than milliseconds; it then rounds
+/// every lease and deadline *up* (a lock is never freed, and a waiter never evicted, early) and
+/// declares its step in [`LockBackend::capabilities`]. Nothing else in this contract is
+/// optional.
+///
 /// **Errors.** Input has been validated by the core (names, owners, durations in
 /// `1 ms ..= MAX_DURATION`). Map store failures to
 /// [`Error::Unavailable`](crate::Error::Unavailable) (could not reach the store, or the outcome
@@ -183,6 +296,41 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Registers for wake-ups sent to any attempt of `owner` on lock `name`; dropping the
     /// [`Watch`] unregisters. Registered before it returns (see *Wake-ups may be lost*).
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch>;
+
+    /// What this store may legitimately lack (see *Capabilities*). The default is a store with
+    /// a millisecond clock. A wrapper forwards its inner backend's.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+}
+
+/// What a store may legitimately lack, declared by its backend
+/// ([`LockBackend::capabilities`]), so the conformance suite widens only the margins that
+/// depend on it instead of weakening its checks for every backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The step of the store's clock for leases and deadlines: each is rounded *up* to a
+    /// multiple of it (never ends early). 1 ms for Redis and the memory backend; a store that
+    /// keeps leases in whole seconds declares 1 s.
+    pub clock_granularity: Duration,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            clock_granularity: Duration::from_millis(1),
+        }
+    }
+}
+
+impl Capabilities {
+    /// A store whose clock steps by `granularity` (at least 1 ms).
+    pub fn with_clock_granularity(granularity: Duration) -> Self {
+        Capabilities {
+            clock_granularity: granularity.max(Duration::from_millis(1)),
+        }
+    }
 }
 
 /// How long a backend remembers an attempt that ended, so that a re-sent `acquire` of it

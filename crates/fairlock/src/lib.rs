@@ -42,7 +42,7 @@ mod name;
 mod options;
 mod waiting;
 
-pub use backend::{LockBackend, LockState, LockSummary};
+pub use backend::{Capabilities, LockBackend, LockState, LockSummary};
 pub use error::{BoxError, Error, Result};
 pub use guard::LockGuard;
 pub use lock::{FairLock, LockClient};

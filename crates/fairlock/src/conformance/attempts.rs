@@ -8,8 +8,8 @@ use tokio::time::sleep;
 
 use super::support::{self, OrFail, Waiter};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
-    Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Watch,
 };
 use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
@@ -304,6 +304,10 @@ impl LockBackend for LostReplies {
 
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         self.inner.watch(name, owner).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 }
 

@@ -12,8 +12,8 @@ use tokio::time::sleep;
 
 use super::support::{self, raw_acquire, raw_acquire_as, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
-    Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Watch,
 };
 use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
@@ -89,10 +89,10 @@ pub async fn pending_grant_lasts_the_waiter_ttl(backend: Arc<dyn LockBackend>) {
         panic!("{CHECK}: the release must hand the lock to the waiter: {state:?}");
     };
     assert!(
-        !pending.confirmed && pending.lease_remaining <= ttl + support::CLOCK_SLACK,
+        !pending.confirmed && pending.lease_remaining <= ttl + support::clock_slack(&backend),
         "{CHECK}: a pending grant lasts the waiter's TTL ({ttl:?}), not its lease ({long:?}): {state:?}"
     );
-    sleep(ttl + Duration::from_millis(200)).await;
+    sleep(ttl + Duration::from_millis(200) + support::clock_slack(&backend)).await;
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
         state.holder.is_none(),
@@ -139,7 +139,7 @@ pub async fn list_ignores_dead_waiters(backend: Arc<dyn LockBackend>) {
         Some(1),
         "{CHECK}: one live waiter: {listed:?}"
     );
-    sleep(ttl + Duration::from_millis(200)).await;
+    sleep(ttl + Duration::from_millis(200) + support::clock_slack(&backend)).await;
     let listed = client.list(&name).await.or_fail(CHECK);
     assert_eq!(
         waiters(&listed),
@@ -277,6 +277,10 @@ impl LockBackend for Resend {
 
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         self.inner.watch(name, owner).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 }
 

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 
 use super::support::{self, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
-    Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Watch,
 };
 use crate::error::Result;
 use crate::name::{LockName, Owner};
@@ -132,6 +132,10 @@ impl LockBackend for Spread {
 
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         self.of(owner).watch(name, owner).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.instances[0].capabilities()
     }
 }
 

@@ -44,7 +44,7 @@ pub async fn state_matches_reality(backend: Arc<dyn LockBackend>) {
     );
     // The re-entry set the lease to 5 s after the store saw it, which was after `sent`.
     assert!(
-        held.lease_remaining <= lease && held.lease_remaining + since + support::CLOCK_SLACK >= lease,
+        held.lease_remaining <= lease && held.lease_remaining + since + support::clock_slack(&backend) >= lease,
         "{CHECK}: lease_remaining {:?} must be within {lease:?} and no less than {:?} ({since:?} after the re-entry)",
         held.lease_remaining,
         lease.saturating_sub(since)
@@ -57,7 +57,7 @@ pub async fn state_matches_reality(backend: Arc<dyn LockBackend>) {
     for waiter in &state.waiters {
         assert!(
             !waiter.deadline_in.is_zero()
-                && waiter.deadline_in <= support::WAITER_TTL + support::CLOCK_SLACK,
+                && waiter.deadline_in <= support::WAITER_TTL + support::clock_slack(&backend),
             "{CHECK}: a live waiter's deadline is in (0, {:?}]: {state:?}",
             support::WAITER_TTL
         );

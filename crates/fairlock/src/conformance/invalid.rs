@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use super::support::{self, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
-    Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Watch,
 };
 use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
@@ -229,5 +229,9 @@ impl LockBackend for CountCalls {
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         self.count();
         self.inner.watch(name, owner).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 }

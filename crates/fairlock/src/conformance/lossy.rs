@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use super::support::{self, OrFail, Waiter};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
-    Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
+    ReleaseOutcome, Watch,
 };
 use crate::error::Result;
 use crate::name::{LockName, Owner};
@@ -91,6 +91,10 @@ impl LockBackend for LossyWakeups {
         drop(self.inner.watch(name, owner).await?);
         let (sender, watch) = Watch::channel();
         Ok(watch.with_registration(sender))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 }
 

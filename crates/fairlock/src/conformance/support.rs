@@ -25,6 +25,12 @@ pub(crate) const WAITER_TTL: Duration = Duration::from_millis(600);
 pub(crate) const EVENTUALLY: Duration = Duration::from_secs(3);
 /// Leeway for the store's millisecond precision when comparing its clock with ours.
 pub(crate) const CLOCK_SLACK: Duration = Duration::from_millis(5);
+
+/// [`CLOCK_SLACK`] plus the step of `backend`'s clock (its declared capability): how much later
+/// than asked a deadline may end.
+pub(crate) fn clock_slack(backend: &Arc<dyn LockBackend>) -> Duration {
+    CLOCK_SLACK + backend.capabilities().clock_granularity
+}
 const POLL: Duration = Duration::from_millis(3);
 
 /// A lock name nobody else uses: every check works on its own names and never wipes the store.
