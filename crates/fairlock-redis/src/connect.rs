@@ -13,8 +13,11 @@ use crate::error::{unavailable, BACKEND};
 use crate::wake::DEFAULT_LINGER;
 use crate::RedisBackend;
 
-/// How many published wake-ups may wait for the dispatcher before some are dropped.
-const WAKE_BUFFER: usize = 16_384;
+/// How many published wake-ups may wait for the dispatcher before some are dropped (then every
+/// local waiter rechecks, at most twice a second). fred gives each of the subscriber's
+/// broadcast channels this capacity, so it is also what a backend's memory grows with:
+/// 16,384 cost about 10 MB, 4,096 about 2.5 MB.
+const WAKE_BUFFER: usize = 4_096;
 
 /// The key prefix used unless [`RedisBackendBuilder::prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "fairlock:";
@@ -150,9 +153,6 @@ impl RedisBackendBuilder {
             })
             .with_performance_config(|performance| {
                 performance.default_command_timeout = self.command_timeout;
-                // Wake-ups of many locks can arrive in bursts; a short buffer overflows and
-                // turns each burst into a recheck by every local waiter.
-                performance.broadcast_channel_capacity = WAKE_BUFFER;
             })
             // Keep reconnecting (no attempt limit), backing off from 50 ms to 2 s.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
@@ -160,7 +160,15 @@ impl RedisBackendBuilder {
             backend: BACKEND,
             source: Box::new(error),
         };
+        // The pool with fred's default broadcast buffers: its clients receive no messages, and
+        // fred preallocates several buffers per client (a large one on every pooled client
+        // cost about 48 MB per backend).
         let pool = builder.build_pool(self.pool_size).map_err(build_error)?;
+        // Only the subscriber gets a large one: wake-ups of many locks can arrive in bursts,
+        // and a short buffer overflows and turns each burst into a recheck by every waiter.
+        builder.with_performance_config(|performance| {
+            performance.broadcast_channel_capacity = WAKE_BUFFER;
+        });
         let subscriber = builder.build_subscriber_client().map_err(build_error)?;
 
         let limit = self.connect_timeout + Duration::from_millis(500);
