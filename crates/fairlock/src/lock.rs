@@ -272,7 +272,9 @@ impl FairLock {
     /// is slow to answer.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out;
+    /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out while the lock was busy;
+    /// [`Error::Unavailable`](crate::Error::Unavailable) when it ran out while the store had
+    /// not answered for 100 ms or more (paused, unreachable);
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `wait` is above
     /// [`MAX_DURATION`](crate::MAX_DURATION); backend errors.
     ///

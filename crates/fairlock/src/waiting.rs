@@ -41,6 +41,10 @@ pub(crate) enum Wait {
     AtMost(Duration),
 }
 
+/// A wait that ends while a call to the store has gone unanswered this long is reported as
+/// the store's failure ([`Error::Unavailable`]), not as a busy lock ([`Error::Timeout`]).
+const STORE_SILENCE: Duration = Duration::from_millis(100);
+
 /// How much longer than its `wait` a `try_lock_for` that timed out may take, to leave the queue
 /// before it returns; past that, leaving goes on in the background.
 pub(crate) const TIMEOUT_SLACK: Duration = Duration::from_millis(50);
@@ -85,16 +89,33 @@ async fn acquire_inner(
         Wait::AtMost(wait) => Some(started + wait),
     };
     let timed_out = |attempt: Attempt| async move {
+        // The wait ended while the store had not answered a call for a while: it is the
+        // store that failed, not the lock that was busy.
+        let silent = attempt
+            .calling_since
+            .map(|since| since.elapsed())
+            .filter(|silent| *silent >= STORE_SILENCE);
         // Leave the queue before reporting, so the caller usually sees a clean state; but a
         // slow store must not stretch the caller's bound by more than a small slack: the
         // clean-up goes on in the background.
         if let Some(cleanup) = attempt.abandon() {
             let _ = tokio::time::timeout(TIMEOUT_SLACK, cleanup).await;
         }
-        Err(Error::Timeout {
-            name: shared.name.to_string(),
-            waited: started.elapsed(),
-        })
+        match silent {
+            Some(silent) => Err(Error::Unavailable {
+                backend: "fairlock",
+                endpoint: "the lock store".to_owned(),
+                source: format!(
+                    "no answer for {silent:?} when the wait for lock {:?} ended",
+                    shared.name.as_str()
+                )
+                .into(),
+            }),
+            None => Err(Error::Timeout {
+                name: shared.name.to_string(),
+                waited: started.elapsed(),
+            }),
+        }
     };
 
     // First a call that never queues: a free lock with nobody waiting is granted in one round
@@ -257,6 +278,8 @@ struct Attempt {
     /// A call was sent: the store may know this attempt (queued, pending, or granted by a
     /// call whose reply we never saw), so ending without a guard must abandon it.
     sent: bool,
+    /// When the call in flight was sent, while one is.
+    calling_since: Option<Instant>,
     finished: bool,
 }
 
@@ -267,6 +290,7 @@ impl Attempt {
             runtime,
             id: AttemptId::random(),
             sent: false,
+            calling_since: None,
             finished: false,
         }
     }
@@ -284,7 +308,10 @@ impl Attempt {
             queue,
         };
         self.sent = true;
-        acquire_fresh(&self.shared, &request).await
+        self.calling_since = Some(Instant::now());
+        let outcome = acquire_fresh(&self.shared, &request).await;
+        self.calling_since = None;
+        outcome
     }
 
     /// [`Attempt::call`], given up (`None`) if `deadline` passes first.
