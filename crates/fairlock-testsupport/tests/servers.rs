@@ -5,7 +5,9 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fairlock_testsupport::{free_port, require_redis, RedisCluster, RedisServer, TempDir};
+use fairlock_testsupport::{
+    free_port, redis62_server, require_redis, RedisCluster, RedisServer, TempDir,
+};
 
 /// Whether the process `pid` still exists (zombies included).
 fn process_exists(pid: u32) -> bool {
@@ -254,6 +256,23 @@ fn small_clusters_are_joined_by_hand() {
         assert_eq!(cluster.cli(owner, &["SET", "foo", "1"]).unwrap(), "OK");
     }
     assert!(RedisCluster::start(0).is_err());
+}
+
+#[test]
+fn redis_6_2_servers_start_from_their_own_binary() {
+    let binary = redis62_server();
+    let server = RedisServer::start_binary(&binary, &["--requirepass", "pw"]).unwrap();
+    let info = server.cli(&["INFO", "server"]).unwrap();
+    assert!(info.contains("redis_version:6.2."), "{info}");
+    assert_eq!(server.cli(&["DEBUG", "SLEEP", "0"]).unwrap(), "OK");
+    // Two masters, joined by hand: without Redis 7's CLUSTER ADDSLOTSRANGE.
+    let cluster = RedisCluster::start_binary(&binary, 2, &[]).unwrap();
+    for i in 0..2 {
+        let info = cluster.cli(i, &["INFO", "server"]).unwrap();
+        assert!(info.contains("redis_version:6.2."), "{info}");
+    }
+    let owner = cluster.node_for_key("foo").unwrap();
+    assert_eq!(cluster.cli(owner, &["SET", "foo", "1"]).unwrap(), "OK");
 }
 
 #[test]
