@@ -191,6 +191,7 @@ impl RedisBackendBuilder {
             }
         }
         cleanup.0 = None;
+        warn_if_locks_may_be_evicted(&pool, &endpoint).await;
         Ok(RedisBackend::assemble(
             pool,
             subscriber,
@@ -200,6 +201,44 @@ impl RedisBackendBuilder {
             self.subscription_linger,
         ))
     }
+}
+
+/// Reads the server's `maxmemory-policy` and warns if it may evict lock keys. Best effort: a
+/// server that refuses `CONFIG` (managed services often do) is not asked again.
+async fn warn_if_locks_may_be_evicted(pool: &Pool, endpoint: &str) {
+    use fred::interfaces::ConfigInterface;
+    let reply: Result<fred::types::Value, _> = tokio::time::timeout(
+        Duration::from_secs(2),
+        pool.next().config_get("maxmemory-policy"),
+    )
+    .await
+    .unwrap_or_else(|_| Ok(fred::types::Value::Null));
+    let policy = match reply {
+        Ok(fred::types::Value::Array(items)) => items.get(1).and_then(|v| v.as_string()),
+        Ok(fred::types::Value::Map(map)) => map.inner().values().next().and_then(|v| v.as_string()),
+        _ => None,
+    };
+    if let Some(warning) = policy.as_deref().and_then(eviction_warning) {
+        tracing::warn!(
+            endpoint,
+            policy = policy.as_deref(),
+            "fairlock-redis: {warning}"
+        );
+    }
+}
+
+/// Why a `maxmemory-policy` is a danger to locks, if it is. `allkeys-*` policies may evict any
+/// key when memory is short, a held lock's included: the lock is then free while its holder
+/// works (its renewal fails and `lease_lost` fires, but only at the next renewal). `volatile-*`
+/// policies may evict keys with a TTL, which a held lock's keys all have.
+pub(crate) fn eviction_warning(policy: &str) -> Option<String> {
+    let may = policy.starts_with("allkeys-") || policy.starts_with("volatile-");
+    may.then(|| {
+        format!(
+            "maxmemory-policy is {policy}: when memory runs short Redis may evict a held lock's \
+             keys and free it while its holder works; use noeviction for a lock store"
+        )
+    })
 }
 
 /// Quits the connections it holds when dropped, unless emptied first.
@@ -322,5 +361,24 @@ mod tests {
             Config::from_url("redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001").unwrap();
         let endpoint = endpoint_of(&config);
         assert!(endpoint.contains("127.0.0.1:7000") && endpoint.contains("127.0.0.1:7001"));
+    }
+}
+
+#[cfg(test)]
+mod eviction_tests {
+    use super::eviction_warning;
+
+    #[test]
+    fn policies_that_may_evict_lock_keys_are_warned_about() {
+        for policy in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-ttl",
+        ] {
+            assert!(eviction_warning(policy).is_some(), "{policy}");
+        }
+        assert_eq!(eviction_warning("noeviction"), None);
     }
 }
