@@ -51,6 +51,7 @@ pub fn options(watchdog_lease: Duration, waiter_ttl: Duration) -> LockOptions {
         lease: None,
         watchdog_lease,
         waiter_ttl,
+        outage_budget: Duration::from_secs(30),
     }
 }
 

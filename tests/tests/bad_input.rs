@@ -192,6 +192,7 @@ async fn zero_huge_and_overflowing_durations_are_refused() {
             lease: Some(MAX_DURATION),
             watchdog_lease: MAX_DURATION,
             waiter_ttl: MAX_DURATION,
+            outage_budget: std::time::Duration::from_secs(30),
         })
         .unwrap();
     let held = bounded("try_lock_for", LIMIT, longest.try_lock_for(MAX_DURATION))

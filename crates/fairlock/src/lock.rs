@@ -223,8 +223,14 @@ impl FairLock {
     /// process dies, the place is dropped after `waiter_ttl`. A wake-up that is lost is made up
     /// for by the next heartbeat.
     ///
+    /// A store that fails transiently (a dropped connection, a failover) is ridden out: the
+    /// call is retried with a capped back-off as the same attempt, so the caller keeps its
+    /// place if the store is back within the waiter TTL.
+    ///
     /// # Errors
-    /// Backend errors (the caller then has left the queue).
+    /// [`Error::Unavailable`](crate::Error::Unavailable) once the store has failed for the
+    /// whole [`outage_budget`](crate::LockOptions::outage_budget) (30 s by default); other
+    /// backend errors at once (the caller then has left the queue).
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaves nothing behind: the caller leaves the queue, and

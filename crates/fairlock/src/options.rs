@@ -35,6 +35,13 @@ pub struct LockOptions {
     /// every third of it, so a crashed waiter blocks nobody for longer. Default 5 s.
     #[serde(with = "humantime_serde")]
     pub waiter_ttl: Duration,
+    /// How long `lock()` rides out a store that fails transiently (a dropped connection, a
+    /// failover): it retries with a capped back-off as the same attempt, keeping its place in
+    /// the queue if the store is back within the waiter TTL, and returns
+    /// [`Error::Unavailable`](crate::Error::Unavailable) only once the store has failed for
+    /// this long without a success. Default 30 s; zero gives up at the first failure.
+    #[serde(with = "humantime_serde")]
+    pub outage_budget: Duration,
 }
 
 impl Default for LockOptions {
@@ -43,6 +50,7 @@ impl Default for LockOptions {
             lease: None,
             watchdog_lease: Duration::from_secs(30),
             waiter_ttl: Duration::from_secs(5),
+            outage_budget: Duration::from_secs(30),
         }
     }
 }
@@ -57,6 +65,7 @@ impl LockOptions {
             check_lease("lease", lease)?;
         }
         check_lease("watchdog_lease", self.watchdog_lease)?;
+        check_max("outage_budget", self.outage_budget)?;
         if self.watchdog_lease < Duration::from_millis(30) {
             return Err(Error::invalid("watchdog_lease", "must be at least 30ms"));
         }

@@ -94,7 +94,8 @@ async fn acquire_inner(
         let silent = attempt
             .calling_since
             .map(|since| since.elapsed())
-            .filter(|silent| *silent >= STORE_SILENCE);
+            .filter(|silent| *silent >= STORE_SILENCE)
+            .or(attempt.failing.then_some(Duration::ZERO));
         // Leave the queue before reporting, so the caller usually sees a clean state; but a
         // slow store must not stretch the caller's bound by more than a small slack: the
         // clean-up goes on in the background.
@@ -105,10 +106,17 @@ async fn acquire_inner(
             Some(silent) => Err(Error::Unavailable {
                 backend: "fairlock",
                 endpoint: "the lock store".to_owned(),
-                source: format!(
-                    "no answer for {silent:?} when the wait for lock {:?} ended",
-                    shared.name.as_str()
-                )
+                source: if silent.is_zero() {
+                    format!(
+                        "the store was failing when the wait for lock {:?} ended",
+                        shared.name.as_str()
+                    )
+                } else {
+                    format!(
+                        "no answer for {silent:?} when the wait for lock {:?} ended",
+                        shared.name.as_str()
+                    )
+                }
                 .into(),
             }),
             None => Err(Error::Timeout {
@@ -121,28 +129,65 @@ async fn acquire_inner(
     // First a call that never queues: a free lock with nobody waiting is granted in one round
     // trip, without registering for wake-ups. Only a caller that must wait registers, and it
     // does so before the call that queues it, so no wake-up can slip between the two.
-    let Some(first) = attempt.call_before(false, deadline).await else {
-        return timed_out(attempt).await;
+    let waits = !matches!(wait, Wait::No | Wait::AtMost(Duration::ZERO));
+    let heartbeat = shared.options.waiter_ttl / 3;
+    // A caller that waits rides out a store that fails transiently, within its outage budget.
+    let mut outage = Outage::new(shared.options.outage_budget, heartbeat);
+    let first = loop {
+        let Some(result) = attempt.call_before(false, deadline).await else {
+            return timed_out(attempt).await;
+        };
+        match result {
+            Err(err) if waits && err.is_transient() => {
+                attempt.failing = true;
+                let Some(pause) = outage.failed() else {
+                    return Err(err);
+                };
+                debug!(error = %err, ?pause, "the store failed; trying again");
+                if !pause_before(pause, deadline).await {
+                    return timed_out(attempt).await;
+                }
+            }
+            other => break other?,
+        }
     };
-    if let (AcquireOutcome::Granted(grant), proven) = first? {
+    attempt.failing = false;
+    outage.succeeded();
+    if let (AcquireOutcome::Granted(grant), proven) = first {
         return Ok(attempt.hold(grant, proven + lease, false));
     }
-    if matches!(wait, Wait::No | Wait::AtMost(Duration::ZERO)) {
+    if !waits {
         return Err(Error::WouldBlock {
             name: shared.name.to_string(),
         });
     }
 
     let ttl = shared.options.waiter_ttl;
-    let heartbeat = ttl / 3;
-    let watching = shared.backend.watch(&shared.name, &shared.owner);
-    let mut watch = match deadline {
-        None => watching.await?,
-        Some(deadline) => match timeout_at(deadline, watching).await {
-            Ok(watch) => watch?,
-            Err(_elapsed) => return timed_out(attempt).await,
-        },
+    let mut watch = loop {
+        let watching = shared.backend.watch(&shared.name, &shared.owner);
+        let watched = match deadline {
+            None => watching.await,
+            Some(deadline) => match timeout_at(deadline, watching).await {
+                Ok(watched) => watched,
+                Err(_elapsed) => return timed_out(attempt).await,
+            },
+        };
+        match watched {
+            Ok(watch) => break watch,
+            Err(err) if err.is_transient() => {
+                attempt.failing = true;
+                let Some(pause) = outage.failed() else {
+                    return Err(err);
+                };
+                if !pause_before(pause, deadline).await {
+                    return timed_out(attempt).await;
+                }
+            }
+            Err(err) => return Err(err),
+        }
     };
+    attempt.failing = false;
+    outage.succeeded();
     let mut watch_open = true;
     let mut renewed = 0;
     loop {
@@ -150,7 +195,25 @@ async fn acquire_inner(
         let Some(outcome) = attempt.call_before(true, deadline).await else {
             return timed_out(attempt).await;
         };
-        let (retry_after, last_token) = match outcome? {
+        let outcome = match outcome {
+            // The store failed: try again soon as the same attempt, so the place in the queue
+            // is kept if the store is back within the waiter TTL.
+            Err(err) if err.is_transient() => {
+                attempt.failing = true;
+                let Some(pause) = outage.failed() else {
+                    return Err(err);
+                };
+                debug!(error = %err, ?pause, "the store failed while waiting; trying again");
+                if !pause_before(pause, deadline).await {
+                    return timed_out(attempt).await;
+                }
+                continue;
+            }
+            other => other?,
+        };
+        attempt.failing = false;
+        outage.succeeded();
+        let (retry_after, last_token) = match outcome {
             (AcquireOutcome::Granted(grant), proven) => {
                 return Ok(attempt.hold(grant, proven + lease, false));
             }
@@ -280,6 +343,8 @@ struct Attempt {
     sent: bool,
     /// When the call in flight was sent, while one is.
     calling_since: Option<Instant>,
+    /// The last call failed transiently (the store is down or failing over).
+    failing: bool,
     finished: bool,
 }
 
@@ -291,6 +356,7 @@ impl Attempt {
             id: AttemptId::random(),
             sent: false,
             calling_since: None,
+            failing: false,
             finished: false,
         }
     }
@@ -386,6 +452,58 @@ impl Attempt {
 impl Drop for Attempt {
     fn drop(&mut self) {
         drop(self.start_cleanup());
+    }
+}
+
+/// A waiting caller's view of a failing store: how long it has failed, and the next pause.
+struct Outage {
+    budget: Duration,
+    cap: Duration,
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Outage {
+    fn new(budget: Duration, heartbeat: Duration) -> Self {
+        Outage {
+            budget,
+            // Never pause longer than a heartbeat: the place in the queue lasts a waiter TTL.
+            cap: heartbeat.clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            since: None,
+            pause: FIRST_RETRY_PAUSE,
+        }
+    }
+
+    /// A call failed transiently: the pause before the next try, or `None` once the store
+    /// has failed for the whole budget.
+    fn failed(&mut self) -> Option<Duration> {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.budget {
+            return None;
+        }
+        let pause = self.pause.min(self.cap);
+        self.pause = (self.pause * 2).min(self.cap);
+        Some(pause)
+    }
+
+    fn succeeded(&mut self) {
+        self.since = None;
+        self.pause = FIRST_RETRY_PAUSE;
+    }
+}
+
+/// Sleeps `pause`, or until `deadline` if that is sooner; whether the deadline is still ahead.
+async fn pause_before(pause: Duration, deadline: Option<Instant>) -> bool {
+    let until = Instant::now() + pause;
+    match deadline {
+        Some(deadline) if deadline <= until => {
+            sleep_until(deadline).await;
+            false
+        }
+        _ => {
+            sleep_until(until).await;
+            true
+        }
     }
 }
 

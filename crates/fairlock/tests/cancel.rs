@@ -13,6 +13,7 @@ fn client(memory: &MemoryBackend) -> LockClient {
             lease: None,
             watchdog_lease: Duration::from_secs(2),
             waiter_ttl: Duration::from_secs(1),
+            outage_budget: std::time::Duration::from_secs(30),
         })
         .unwrap()
 }

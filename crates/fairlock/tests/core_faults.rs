@@ -154,7 +154,8 @@ async fn a_lost_nested_grant_is_given_back_even_if_abandon_fails_once() {
     let outer = owner.lock().await.unwrap();
     backend.lose_next_reply.store(true, SeqCst);
     backend.fail_next_abandon.store(true, SeqCst);
-    assert!(owner.lock().await.is_err(), "the nested reply is lost");
+    // try_lock does not retry: its lost grant must be given back by abandoning.
+    assert!(owner.try_lock().await.is_err(), "the nested reply is lost");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let holder = client.state("x").await.unwrap().holder.unwrap();
     assert_eq!(
@@ -162,5 +163,22 @@ async fn a_lost_nested_grant_is_given_back_even_if_abandon_fails_once() {
         "one live guard, one level: {holder:?}"
     );
     outer.unlock().await.unwrap();
+    other.try_lock().await.unwrap().unlock().await.unwrap();
+}
+
+/// `lock()` rides out a lost reply: it asks again as the same attempt and adopts the grant
+/// the store made, one level, not two.
+#[tokio::test(start_paused = true)]
+async fn lock_adopts_a_grant_whose_reply_was_lost() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let owner = client.fair_lock("x").unwrap();
+    let other = client.fair_lock("x").unwrap();
+    backend.lose_next_reply.store(true, SeqCst);
+    let guard = owner.lock().await.unwrap();
+    assert_eq!(guard.hold_count(), 1);
+    let holder = client.state("x").await.unwrap().holder.unwrap();
+    assert_eq!(holder.hold_count, 1, "{holder:?}");
+    guard.unlock().await.unwrap();
     other.try_lock().await.unwrap().unlock().await.unwrap();
 }

@@ -108,6 +108,7 @@ async fn a_late_grant_wake_up_is_not_taken_for_a_new_grant() {
             watchdog_lease: Duration::from_secs(5),
             // Heartbeats every 100 ms: they find hand-overs long before the late wake-ups.
             waiter_ttl: Duration::from_millis(300),
+            outage_budget: std::time::Duration::from_secs(30),
         })
         .unwrap();
     let name = "late";

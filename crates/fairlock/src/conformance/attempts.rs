@@ -311,9 +311,10 @@ impl LockBackend for LostReplies {
     }
 }
 
-/// A grant whose reply was lost leaves no phantom level: the failed `lock()` gives it back,
+/// A grant whose reply was lost leaves no phantom level: a failed `try_lock()` gives it back,
 /// the owner's next `lock()` holds once (hold count 1), and after its unlock another owner
-/// gets the lock at once, not after the lease.
+/// gets the lock at once, not after the lease; a `lock()` whose reply is lost asks again and
+/// adopts the grant as one level.
 pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "lost_grant_reply_leaves_no_level";
     // A long fixed lease: a phantom level would keep the lock for all of it.
@@ -329,7 +330,8 @@ pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
     let name = support::lock_name(CHECK);
     let lock = lossy_client.fair_lock(&name).or_fail(CHECK);
 
-    match lock.lock().await {
+    // `try_lock` does not retry: the lost reply surfaces.
+    match lock.try_lock().await {
         Err(Error::Unavailable { .. }) => {}
         other => panic!("{CHECK}: the lost reply should surface as Unavailable, got {other:?}"),
     }
@@ -354,12 +356,33 @@ pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
     ));
     taken.unlock().await.or_fail(CHECK);
 
-    // Same when the lost reply is a re-entry: the owner holds, a nested lock's reply is lost.
+    // `lock()` rides out a lost reply: it asks again as the same attempt and adopts the
+    // grant, one level.
+    lossy.arm();
+    let adopted = lock
+        .lock()
+        .await
+        .or_fail(format!("{CHECK}: lock with a lost reply"));
+    assert_eq!(
+        adopted.hold_count(),
+        1,
+        "{CHECK}: an adopted grant is one level"
+    );
+    adopted.unlock().await.or_fail(CHECK);
+    support::wait_clean(
+        &client,
+        &name,
+        format!("{CHECK}: clean after the adopted grant"),
+    )
+    .await;
+
+    // Same when the lost reply is a re-entry: the owner holds, a nested try_lock's reply is
+    // lost.
     let outer = lock.lock().await.or_fail(format!("{CHECK}: outer"));
     lossy.arm();
     assert!(
-        matches!(lock.lock().await, Err(Error::Unavailable { .. })),
-        "{CHECK}: the nested lock's lost reply surfaces"
+        matches!(lock.try_lock().await, Err(Error::Unavailable { .. })),
+        "{CHECK}: the nested try_lock's lost reply surfaces"
     );
     support::state_where(&client, &name, support::EVENTUALLY, CHECK, |s| {
         s.holder.as_ref().is_some_and(|h| h.hold_count == 1)

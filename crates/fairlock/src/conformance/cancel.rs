@@ -131,6 +131,7 @@ fn long_lived() -> crate::LockOptions {
         waiter_ttl: Duration::from_secs(5),
         watchdog_lease: Duration::from_secs(5),
         lease: None,
+        outage_budget: Duration::from_secs(30),
     }
 }
 

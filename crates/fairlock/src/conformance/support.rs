@@ -47,6 +47,7 @@ pub(crate) fn options() -> LockOptions {
         lease: None,
         watchdog_lease: WATCHDOG_LEASE,
         waiter_ttl: WAITER_TTL,
+        outage_budget: Duration::from_secs(30),
     }
 }
 
