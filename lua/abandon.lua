@@ -46,7 +46,7 @@ elseif was_head and not hold then
   -- The lock is free: the new head may take it now rather than at its next heartbeat.
   local ticket, _, _, head_owner = head()
   if ticket then
-    redis.call('SPUBLISH', C, 'R ' .. head_owner)
+    publish('R ' .. head_owner)
   end
 end
 tidy()

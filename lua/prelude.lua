@@ -2,6 +2,11 @@
 -- crates/fairlock-redis/src/scripts.rs). They read KEYS/ARGV through the names below, and
 -- implement the transitions of the reference backend (crates/fairlock/src/memory.rs).
 --
+-- One line comes before this prelude: `local PUBLISH = 'SPUBLISH'` (sharded pub/sub, Redis
+-- 7.0+ and Valkey) or `local PUBLISH = 'PUBLISH'` (classic, Redis 6.2). Each script is
+-- compiled in both variants and the backend runs the one for its server's pub/sub. Every
+-- command used here exists in Redis 6.2.
+--
 -- Keys of one lock, in KEYS order (all share the hash tag, so one Cluster slot):
 --   H  hash    the hold: o=owner, t=fencing token, c=number of confirmed levels,
 --              "l:<attempt>"="1" for each confirmed level, and while a hand-over is not
@@ -13,7 +18,7 @@
 --   Z  zset    live tickets -> liveness deadline (server ms).
 --   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket.
 --   F  hash    never deleted: t=last fencing token, s=last ticket, n=lock name.
---   C  shard channel for wake-ups: "G <token> <attempt> <owner>" (hand-over to that
+--   C  channel for wake-ups (a shard channel in sharded mode): "G <token> <attempt> <owner>" (hand-over to that
 --      attempt), "R <owner>" (look again). The owner comes last: it may contain spaces.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
 --              spent when it is granted a level (grant, re-entry, hand-over) and when it
@@ -34,6 +39,14 @@ local H, Q, Z, W, F, C, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+
+-- Publishes a wake-up on C with the command the line before the prelude chose. A wake-up that
+-- cannot be published (no channel permission in the ACL, a node without sharded pub/sub in a
+-- cluster being upgraded) only delays waiters, who heartbeat; so it never fails the script
+-- after its writes, which Redis would not roll back.
+local function publish(message)
+  redis.pcall(PUBLISH, C, message)
+end
 
 -- Integers as decimal strings: Lua 5.1 would print large numbers in exponent form.
 local function int(n)
@@ -326,5 +339,5 @@ local function hand_over(last_token)
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 0, 'p', attempt, 'pd', until_ms)
   redis.call('PEXPIREAT', H, until_ms)
   spend(attempt)
-  redis.call('SPUBLISH', C, 'G ' .. token .. ' ' .. attempt .. ' ' .. owner)
+  publish('G ' .. token .. ' ' .. attempt .. ' ' .. owner)
 end

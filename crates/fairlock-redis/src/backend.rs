@@ -66,7 +66,7 @@ impl RedisBackend {
 
     /// Runs `inspect` on the lock with these keys: (stored name, state).
     async fn snapshot(&self, keys: &LockKeys, lock: &str) -> Result<(String, LockState)> {
-        let script = &self.inner.scripts.inspect;
+        let script = &self.scripts().await?.inspect;
         let reply = self.run(script, keys, lock, Vec::new()).await?;
         let Value::Array(items) = &reply else {
             return Err(bad_reply(script.name, reply));
@@ -191,7 +191,7 @@ fn parse_release(reply: &str) -> Option<ReleaseOutcome> {
 #[async_trait]
 impl LockBackend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
-        let script = &self.inner.scripts.acquire;
+        let script = &self.scripts().await?.acquire;
         let name = request.name.as_str();
         let args = vec![
             request.owner.as_str().to_owned(),
@@ -213,7 +213,7 @@ impl LockBackend for RedisBackend {
         token: u64,
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
-        let script = &self.inner.scripts.release;
+        let script = &self.scripts().await?.release;
         let args = vec![
             owner.as_str().to_owned(),
             token.to_string(),
@@ -231,7 +231,7 @@ impl LockBackend for RedisBackend {
         token: u64,
         lease: Duration,
     ) -> Result<bool> {
-        let script = &self.inner.scripts.extend;
+        let script = &self.scripts().await?.extend;
         let args = vec![owner.as_str().to_owned(), token.to_string(), millis(lease)];
         match self
             .run_for_text(script, name.as_str(), args)
@@ -245,7 +245,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
-        let script = &self.inner.scripts.abandon;
+        let script = &self.scripts().await?.abandon;
         let args = vec![
             owner.as_str().to_owned(),
             attempt.to_string(),
@@ -262,7 +262,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
-        let script = &self.inner.scripts.force_release;
+        let script = &self.scripts().await?.force_release;
         match self
             .run_for_text(
                 script,

@@ -42,7 +42,7 @@ pub(crate) fn unavailable(endpoint: &str, source: impl Into<fairlock::BoxError>)
     }
 }
 
-fn is_unreachable(error: &RedisError) -> bool {
+pub(crate) fn is_unreachable(error: &RedisError) -> bool {
     match error.kind() {
         ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled => true,
         ErrorKind::Cluster | ErrorKind::Routing => true,

@@ -4,8 +4,12 @@
 //! [`RedisBackend`] implements [`fairlock::LockBackend`]; hand it to
 //! [`fairlock::LockClient::new`]. Each operation is one script (see `lua/` in the
 //! repository), run by SHA, with every deadline taken from the server's clock. Waiters are
-//! woken through one sharded pub/sub connection per backend. Redis 7.0 or later is needed
-//! (`SPUBLISH`/`SSUBSCRIBE`).
+//! woken through one pub/sub connection per backend.
+//!
+//! Redis 6.2 or later is needed, or Valkey. Wake-ups use sharded pub/sub
+//! (`SPUBLISH`/`SSUBSCRIBE`) where the server has it (Redis 7.0+, Valkey) and classic pub/sub
+//! (`PUBLISH`/`SUBSCRIBE`) where it does not (Redis 6.2), detected once per backend when it
+//! connects; see [`PubsubMode`] and [`RedisBackend::pubsub_mode`].
 //!
 //! ```no_run
 //! use fairlock::LockClient;
@@ -30,6 +34,7 @@ mod backend;
 mod connect;
 mod error;
 mod keys;
+mod pubsub;
 mod scripts;
 mod wake;
 
@@ -39,10 +44,13 @@ use std::sync::Arc;
 pub use connect::{RedisBackendBuilder, DEFAULT_PREFIX};
 /// The Redis client this crate is built on, re-exported so versions always match.
 pub use fred;
+pub use pubsub::PubsubMode;
 
 use fred::clients::{Pool, SubscriberClient};
 use fred::interfaces::ClientLike;
 
+use crate::error::Context;
+use crate::pubsub::Detection;
 use crate::scripts::Scripts;
 use crate::wake::Dispatcher;
 
@@ -59,7 +67,10 @@ pub struct RedisBackend {
 struct Inner {
     pool: Pool,
     dispatcher: Arc<Dispatcher>,
-    scripts: Scripts,
+    /// The server's pub/sub mode, which picks the scripts and the subscribe commands.
+    pubsub: Arc<Detection>,
+    sharded_scripts: Scripts,
+    classic_scripts: Scripts,
     prefix: String,
     endpoint: String,
     /// Whether the connections were made here (and so are closed here).
@@ -115,11 +126,14 @@ impl RedisBackend {
         owns_clients: bool,
         linger: std::time::Duration,
     ) -> RedisBackend {
+        let pubsub = Detection::start(pool.clone());
         RedisBackend {
             inner: Arc::new(Inner {
                 pool,
-                dispatcher: Dispatcher::start(subscriber, linger),
-                scripts: Scripts::new(),
+                dispatcher: Dispatcher::start(subscriber, linger, pubsub.clone()),
+                pubsub,
+                sharded_scripts: Scripts::new(PubsubMode::Sharded),
+                classic_scripts: Scripts::new(PubsubMode::Classic),
                 prefix,
                 endpoint,
                 owns_clients,
@@ -135,6 +149,33 @@ impl RedisBackend {
     /// The connection pool that runs the scripts.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// Which pub/sub carries wake-ups: [`PubsubMode::Sharded`] if the server knows
+    /// `SPUBLISH` and `SSUBSCRIBE` (Redis 7.0+, Valkey), else [`PubsubMode::Classic`] (Redis
+    /// 6.2). Detected once per backend, in the background from the time it connects, and kept
+    /// (see `docs/redis.md`); this waits for the detection if it has not finished.
+    ///
+    /// # Errors
+    /// [`fairlock::Error::Unavailable`] if the server could not be asked.
+    pub async fn pubsub_mode(&self) -> fairlock::Result<PubsubMode> {
+        self.inner.pubsub.mode().await.map_err(|error| {
+            error::map(
+                error,
+                Context {
+                    endpoint: &self.inner.endpoint,
+                    lock: None,
+                },
+            )
+        })
+    }
+
+    /// The scripts for the server's pub/sub mode.
+    async fn scripts(&self) -> fairlock::Result<&Scripts> {
+        Ok(match self.pubsub_mode().await? {
+            PubsubMode::Sharded => &self.inner.sharded_scripts,
+            PubsubMode::Classic => &self.inner.classic_scripts,
+        })
     }
 }
 

@@ -1,10 +1,17 @@
 //! The Lua scripts of `lua/`, embedded at compile time and run by SHA.
+//!
+//! Each script is one line naming the publishing command, the shared prelude, then the
+//! operation. There are two compiled variants of every script, one per [`PubsubMode`]: the
+//! line is `local PUBLISH = 'SPUBLISH'` (sharded pub/sub) or `local PUBLISH = 'PUBLISH'`
+//! (classic, for Redis 6.2), and the prelude's `publish()` calls it.
 
 use fred::clients::Client;
 use fred::interfaces::LuaInterface;
 use fred::types::Value;
 
-/// One operation's script: the shared prelude followed by the operation.
+use crate::pubsub::PubsubMode;
+
+/// One operation's script: the publishing line, the shared prelude, then the operation.
 #[derive(Debug)]
 pub(crate) struct Script {
     pub(crate) name: &'static str,
@@ -13,10 +20,13 @@ pub(crate) struct Script {
 }
 
 macro_rules! script {
-    ($name:literal) => {
+    ($publish:literal, $name:literal) => {
         Script::new(
             $name,
             concat!(
+                "local PUBLISH = '",
+                $publish,
+                "'\n",
                 include_str!("../../../lua/prelude.lua"),
                 "\n",
                 include_str!(concat!("../../../lua/", $name, ".lua"))
@@ -25,7 +35,20 @@ macro_rules! script {
     };
 }
 
-/// Every script, built once per backend.
+macro_rules! scripts {
+    ($publish:literal) => {
+        Scripts {
+            acquire: script!($publish, "acquire"),
+            release: script!($publish, "release"),
+            extend: script!($publish, "extend"),
+            abandon: script!($publish, "abandon"),
+            force_release: script!($publish, "force_release"),
+            inspect: script!($publish, "inspect"),
+        }
+    };
+}
+
+/// Every script, in the variant for one pub/sub mode.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
@@ -37,14 +60,10 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub(crate) fn new() -> Self {
-        Scripts {
-            acquire: script!("acquire"),
-            release: script!("release"),
-            extend: script!("extend"),
-            abandon: script!("abandon"),
-            force_release: script!("force_release"),
-            inspect: script!("inspect"),
+    pub(crate) fn new(mode: PubsubMode) -> Self {
+        match mode {
+            PubsubMode::Sharded => scripts!("SPUBLISH"),
+            PubsubMode::Classic => scripts!("PUBLISH"),
         }
     }
 }
@@ -77,5 +96,46 @@ impl Script {
             }
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_mode_publishes_with_its_own_command_only() {
+        for (mode, publish) in [
+            (PubsubMode::Sharded, "SPUBLISH"),
+            (PubsubMode::Classic, "PUBLISH"),
+        ] {
+            let scripts = Scripts::new(mode);
+            for script in [
+                &scripts.acquire,
+                &scripts.release,
+                &scripts.extend,
+                &scripts.abandon,
+                &scripts.force_release,
+                &scripts.inspect,
+            ] {
+                let first = script.body.lines().next().unwrap();
+                assert_eq!(
+                    first,
+                    format!("local PUBLISH = '{publish}'"),
+                    "{}",
+                    script.name
+                );
+                // Nothing publishes but through the prelude's publish().
+                assert!(
+                    !script.body.contains("'SPUBLISH',") && !script.body.contains("'PUBLISH',"),
+                    "{} calls a publishing command directly",
+                    script.name
+                );
+            }
+        }
+        assert_ne!(
+            Scripts::new(PubsubMode::Sharded).acquire.sha,
+            Scripts::new(PubsubMode::Classic).acquire.sha
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! Wake-ups: one subscriber connection per backend fans messages out to local waiters.
 //!
-//! Each lock has a shard channel. The scripts publish `G <token> <attempt> <owner>` when they
+//! Each lock has a channel: a shard channel (`SSUBSCRIBE`) where the server has sharded pub/sub,
+//! a classic one (`SUBSCRIBE`) on Redis 6.2; see [`crate::pubsub`]. Both kinds of message
+//! arrive on the subscriber's one message stream, named by their channel. The scripts publish `G <token> <attempt> <owner>` when they
 //! hand the lock to that attempt of `owner`, and `R <owner>` when `owner` should look again.
 //! Locally, a channel maps to the watches of this process, by owner: every watch of the owner
 //! gets the message, and the core tells its attempts apart. The channel is subscribed while
@@ -14,6 +16,8 @@ use fairlock::backend::{Grant, Wake, WakeSender, Watch};
 use fred::clients::SubscriberClient;
 use fred::interfaces::{EventInterface, PubsubInterface};
 use tokio::sync::broadcast::error::RecvError;
+
+use crate::pubsub::{Detection, PubsubMode};
 
 /// How long a channel stays subscribed after its last watch, unless configured.
 pub(crate) const DEFAULT_LINGER: Duration = Duration::from_secs(2);
@@ -29,6 +33,8 @@ const LAG_RECHECK_INTERVAL: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 pub(crate) struct Dispatcher {
     subscriber: SubscriberClient,
+    /// Whether channels are subscribed with `SSUBSCRIBE` or `SUBSCRIBE`.
+    pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
     linger: Duration,
 }
@@ -37,7 +43,7 @@ pub(crate) struct Dispatcher {
 struct Channel {
     /// Local watches on this channel; it is unsubscribed when this drops to 0.
     watches: usize,
-    /// Whether the server has us subscribed. Its lock orders SSUBSCRIBE and SUNSUBSCRIBE of
+    /// Whether the server has us subscribed. Its lock orders subscribing and unsubscribing
     /// this channel, so a late unsubscribe never undoes a newer subscribe.
     subscribed: Arc<tokio::sync::Mutex<bool>>,
     senders: HashMap<String, Vec<WakeSender>>,
@@ -51,10 +57,16 @@ struct Registration {
 }
 
 impl Dispatcher {
-    /// Starts dispatching the messages of `subscriber` (already connected).
-    pub(crate) fn start(subscriber: SubscriberClient, linger: Duration) -> Arc<Self> {
+    /// Starts dispatching the messages of `subscriber` (already connected), subscribing
+    /// channels in the mode `pubsub` detects.
+    pub(crate) fn start(
+        subscriber: SubscriberClient,
+        linger: Duration,
+        pubsub: Arc<Detection>,
+    ) -> Arc<Self> {
         let dispatcher = Arc::new(Dispatcher {
             subscriber,
+            pubsub,
             channels: Mutex::new(HashMap::new()),
             linger,
         });
@@ -134,7 +146,7 @@ impl Dispatcher {
                 if !self.has_watches(&channel) {
                     continue;
                 }
-                match self.subscriber.ssubscribe(channel.as_str()).await {
+                match self.subscribe(&channel).await {
                     Ok(()) => *subscribed = true,
                     Err(error) => {
                         tracing::debug!(%error, channel, "fairlock-redis: resubscribing failed; will retry");
@@ -150,6 +162,25 @@ impl Dispatcher {
             pause = (pause * 2).min(Duration::from_secs(2));
         }
         tracing::warn!("fairlock-redis: some wake-up channels could not be subscribed again; their waiters rely on heartbeats until the next watch or reconnect");
+    }
+
+    /// Subscribes `channel` with the command of the server's pub/sub mode (detecting it first
+    /// if no one has yet).
+    async fn subscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
+        match self.pubsub.mode().await? {
+            PubsubMode::Sharded => self.subscriber.ssubscribe(channel).await,
+            PubsubMode::Classic => self.subscriber.subscribe(channel).await,
+        }
+    }
+
+    /// Unsubscribes `channel`; nothing to do while the mode is unknown, since nothing was
+    /// subscribed then.
+    async fn unsubscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
+        match self.pubsub.known() {
+            Some(PubsubMode::Sharded) => self.subscriber.sunsubscribe(channel).await,
+            Some(PubsubMode::Classic) => self.subscriber.unsubscribe(channel).await,
+            None => Ok(()),
+        }
     }
 
     fn has_watches(&self, channel: &str) -> bool {
@@ -195,7 +226,7 @@ impl Dispatcher {
         };
         let mut subscribed = subscribed.lock().await;
         if !*subscribed {
-            match self.subscriber.ssubscribe(channel).await {
+            match self.subscribe(channel).await {
                 Ok(()) => *subscribed = true,
                 // The subscriber is reconnecting (or the server refuses for now). Wake-ups may
                 // be lost (the waiter heartbeats), so the caller is not failed for it: the
@@ -234,7 +265,7 @@ impl Dispatcher {
                 if *subscribed {
                     return;
                 }
-                match dispatcher.subscriber.ssubscribe(channel.as_str()).await {
+                match dispatcher.subscribe(&channel).await {
                     Ok(()) => {
                         *subscribed = true;
                         return;
@@ -302,9 +333,9 @@ impl Dispatcher {
             if !self.is_idle(&channel, &subscribed) {
                 return;
             }
-            // Even when the flag says unsubscribed: a watch cancelled during its SSUBSCRIBE
-            // may have subscribed without recording it, and SUNSUBSCRIBE is harmless anyway.
-            if let Err(error) = self.subscriber.sunsubscribe(channel.as_str()).await {
+            // Even when the flag says unsubscribed: a watch cancelled during its subscribe may
+            // have subscribed without recording it, and unsubscribing is harmless anyway.
+            if let Err(error) = self.unsubscribe(&channel).await {
                 tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
             }
             *guard = false;

@@ -1,0 +1,181 @@
+//! Which pub/sub wakes waiters. Redis 6.2, the oldest supported Redis, has no sharded pub/sub:
+//! the backend detects that when it connects and uses classic `PUBLISH`/`SUBSCRIBE`; Redis 7
+//! gets sharded pub/sub. The 6.2 server is the `redis-server` that `scripts/install-deps.sh`
+//! installs (see `fairlock_testsupport::redis62_server`); without it these tests fail, never
+//! skip.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{name, Server};
+use fairlock::{LockBackend, LockClient, LockOptions};
+use fairlock_redis::{PubsubMode, RedisBackend};
+use fairlock_testsupport::{redis62_server, RedisCluster, RedisServer};
+
+fn start_62() -> Server {
+    Server(RedisServer::start_binary(redis62_server(), &[]).expect("redis-server 6.2 starts"))
+}
+
+/// How many times the server has run `command` (lower case, as `INFO commandstats` names it),
+/// scripts' calls included.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    server
+        .cli(&["INFO", "commandstats"])
+        .expect("redis-cli runs")
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Opens a new `RedisBackend` on `url` each time.
+fn opener(url: String) -> impl fairlock::conformance::OpenBackend {
+    move || {
+        let url = url.clone();
+        async move {
+            let backend = RedisBackend::builder(url)
+                .pool_size(4)
+                .connect()
+                .await
+                .expect("connect to the test server");
+            Arc::new(backend) as Arc<dyn LockBackend>
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_6_2_keeps_the_fairlock_contract() {
+    let server = start_62();
+    let backend = server.backend().await;
+    assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Classic);
+    fairlock::conformance::run_all(opener(server.url())).await;
+    assert!(
+        calls(&server.0, "publish") > 0 && calls(&server.0, "subscribe") > 0,
+        "the suite's waiters were woken through classic pub/sub"
+    );
+}
+
+/// Options under which only a wake-up can hand the lock over quickly: a waiter heartbeats
+/// every 20 s, and the holder's lease (when the head waiter would look again) is 30 s.
+fn slow_polling() -> LockOptions {
+    LockOptions {
+        waiter_ttl: Duration::from_secs(60),
+        lease: Some(Duration::from_secs(30)),
+        ..LockOptions::default()
+    }
+}
+
+/// A holder on one backend and a waiter on another (as two processes): the waiter must get
+/// the lock within a second of the unlock, which only a published wake-up can do. Returns
+/// both clients, still connected.
+async fn hand_over_is_woken(url: &str) -> (LockClient, LockClient) {
+    let connect = || async {
+        LockClient::new(RedisBackend::connect(url).await.expect("connects"))
+            .with_options(slow_polling())
+            .unwrap()
+    };
+    let (holder, waiter) = (connect().await, connect().await);
+    let lock = name();
+    let guard = holder
+        .fair_lock(lock.as_str())
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let waiting = {
+        let lock = waiter.fair_lock(lock.as_str()).unwrap();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    // Wait until the waiter is queued (and so subscribed), then some more.
+    let queued = Instant::now();
+    while holder
+        .state(lock.as_str())
+        .await
+        .unwrap()
+        .waiters
+        .is_empty()
+    {
+        assert!(queued.elapsed() < Duration::from_secs(5), "never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = guard.fencing_token();
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter was not woken (it would have waited for its heartbeat)")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(next.fencing_token() > token);
+    assert!(
+        took < Duration::from_secs(1),
+        "hand-over took {took:?}: not a wake-up"
+    );
+    next.unlock().await.unwrap();
+    (holder, waiter)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_redis_6_2_is_woken_at_once() {
+    let server = start_62();
+    let _clients = hand_over_is_woken(&server.url()).await;
+    assert!(calls(&server.0, "publish") > 0, "published with PUBLISH");
+    assert!(
+        calls(&server.0, "subscribe") > 0,
+        "subscribed with SUBSCRIBE"
+    );
+    // The subscription ends with the last watch (after the default 2 s linger), by UNSUBSCRIBE.
+    let started = Instant::now();
+    while calls(&server.0, "unsubscribe") == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never unsubscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.cli(&["PUBSUB", "CHANNELS"]), "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_a_redis_6_2_cluster_is_woken_at_once() {
+    let cluster = RedisCluster::start_binary(redis62_server(), 3, &[]).expect("the cluster starts");
+    let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
+    assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Classic);
+    hand_over_is_woken(&cluster.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_7_uses_sharded_pubsub() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Sharded);
+    hand_over_is_woken(&server.url()).await;
+    assert!(calls(&server.0, "spublish") > 0);
+    assert_eq!(calls(&server.0, "publish"), 0);
+    assert_eq!(calls(&server.0, "subscribe"), 0);
+}
+
+/// A user refused `COMMAND` is told the mode by `INFO server`; one refused both gets classic
+/// pub/sub, which works on every server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detection_falls_back_when_commands_are_refused() {
+    let server = Server::start();
+    for (user, refused, mode) in [
+        ("no-command", "-command", PubsubMode::Sharded),
+        ("no-command-no-info", "-command -info", PubsubMode::Classic),
+    ] {
+        let mut setuser = vec!["ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all"];
+        setuser.extend(refused.split(' '));
+        assert_eq!(server.cli(&setuser), "OK");
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", server.0.port());
+        let backend = RedisBackend::connect(&url).await.unwrap();
+        assert_eq!(backend.pubsub_mode().await.unwrap(), mode, "{user}");
+        hand_over_is_woken(&url).await;
+    }
+    assert!(calls(&server.0, "publish") > 0 && calls(&server.0, "spublish") > 0);
+}
