@@ -106,3 +106,105 @@ async fn a_busy_lock_is_a_timeout() {
     assert!(took >= wait && took <= wait + SLACK, "took {took:?}");
     held.unlock().await.unwrap();
 }
+
+/// `lock()` rides out a store that goes away and comes back (here a restart with append-only
+/// persistence, so the queue survives): no error reaches the waiters, and they keep their
+/// places in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_ride_out_a_restart_and_keep_their_places() {
+    let mut server =
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).unwrap();
+    let url = server.url();
+    let opts = options(Duration::from_secs(10), Duration::from_secs(4));
+    let holder = client(&url, opts.clone()).await.fair_lock("ride").unwrap();
+    let held = holder.lock().await.unwrap();
+    let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for who in 0..2 {
+        // A command timeout below the outage, so calls fail during it (fred would otherwise
+        // hold them until the server is back).
+        let backend = fairlock_redis::RedisBackend::builder(url.clone())
+            .command_timeout(Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap();
+        let lock = fairlock::LockClient::new(backend)
+            .with_options(opts.clone())
+            .unwrap()
+            .fair_lock("ride")
+            .unwrap();
+        let order_tx = order_tx.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.lock().await?;
+            order_tx.send(who).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.unlock().await
+        }));
+        let queued = who + 1;
+        bounded("queueing", Duration::from_secs(5), async {
+            while holder.state().await.unwrap().waiters.len() < queued {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+    // Down for a second, well inside the waiters' 4 s TTL.
+    server.stop();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart().unwrap();
+    let _ = bounded(
+        "unlock after the restart",
+        Duration::from_secs(15),
+        held.unlock(),
+    )
+    .await;
+    for waiter in waiters {
+        bounded("waiter", Duration::from_secs(20), waiter)
+            .await
+            .unwrap()
+            .unwrap_or_else(|err| panic!("a waiter saw the outage: {err}"));
+    }
+    let first = order.recv().await.unwrap();
+    let second = order.recv().await.unwrap();
+    assert_eq!((first, second), (0, 1), "the waiters kept their places");
+}
+
+/// A store that stays away: `lock()` returns `Unavailable` once its outage budget is spent
+/// (counted from the first failed call; each call is bounded by the command timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_gives_up_after_its_outage_budget() {
+    let mut server = RedisServer::start().unwrap();
+    let url = server.url();
+    let mut opts = options(Duration::from_secs(10), Duration::from_secs(3));
+    opts.outage_budget = Duration::from_secs(1);
+    let holder = client(&url, opts.clone()).await.fair_lock("gone").unwrap();
+    let held = holder.lock().await.unwrap();
+    let backend = fairlock_redis::RedisBackend::builder(url.clone())
+        .command_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let waiter = fairlock::LockClient::new(backend)
+        .with_options(opts)
+        .unwrap()
+        .fair_lock("gone")
+        .unwrap();
+    let waiting = tokio::spawn(async move { waiter.lock().await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = Instant::now();
+    server.stop();
+    let outcome = bounded("lock", Duration::from_secs(20), waiting)
+        .await
+        .unwrap();
+    let took = stopped.elapsed();
+    assert!(
+        matches!(outcome, Err(Error::Unavailable { .. })),
+        "{outcome:?}"
+    );
+    // The heartbeat (1 s), a failing call (0.5 s), the budget (1 s), and slack.
+    assert!(
+        took <= Duration::from_secs(5),
+        "lock() gave up after {took:?}"
+    );
+    drop(held);
+}
