@@ -84,7 +84,17 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let left = new_keys(bench, &keys_before).await?;
 
+    let per_backend = client_memory_per_backend(bench).await?;
+
     let mut section = Section::new("resources", "10,000 waiters across 100 locks");
+    section.push(
+        Figure::new(
+            "client memory per RedisBackend, default pool (RSS delta over 10)",
+            per_backend,
+            "B",
+        )
+        .target("<= 5 MB", per_backend <= 5.0 * 1024.0 * 1024.0),
+    );
     section.push(
         Figure::new(
             "subscriber connections while waiting",
@@ -256,6 +266,23 @@ async fn subscriber_connections(bench: &Bench) -> Result<i64, BoxError> {
 }
 
 /// This process's resident set size.
+/// Resident memory one more `RedisBackend` with the default pool costs, averaged over 10.
+async fn client_memory_per_backend(bench: &Bench) -> Result<f64, BoxError> {
+    const BACKENDS: usize = 10;
+    let before = rss_bytes()?;
+    let mut backends = Vec::with_capacity(BACKENDS);
+    for _ in 0..BACKENDS {
+        backends.push(
+            bench
+                .backend_with(crate::connect::Options { pool_size: None })
+                .await?,
+        );
+    }
+    let after = rss_bytes()?;
+    drop(backends);
+    Ok(after.saturating_sub(before) as f64 / BACKENDS as f64)
+}
+
 fn rss_bytes() -> Result<u64, BoxError> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let kb = status
