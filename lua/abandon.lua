@@ -2,7 +2,7 @@
 -- granted by a call whose reply never arrived), handing over if that was the last level.
 --
 -- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
--- ARGV: 1 owner, 2 attempt, 3 resend horizon ms
+-- ARGV: 1 owner, 2 attempt, 3 resend horizon ms, 4 fence margin ms
 -- Returns "OK", also when the attempt had nothing (abandoning twice is abandoning once).
 local owner, attempt = ARGV[1], ARGV[2]
 horizon_ms = tonumber(ARGV[3])

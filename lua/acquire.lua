@@ -2,7 +2,7 @@
 --
 -- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
 -- ARGV: 1 owner, 2 attempt, 3 lease ms, 4 waiter ttl ms, 5 queue ("1" or "0"), 6 lock name,
---       7 resend horizon ms
+--       7 resend horizon ms, 8 fence margin ms
 -- Returns a string:
 --   "G <token> <hold count>"  the attempt holds a level: first grant, re-entry, confirmed
 --                             hand-over, or a level it already had (a re-send: no change)

@@ -17,7 +17,9 @@
 --   Q  list    FIFO of waiter tickets; may hold tombstones of tickets that left (skipped).
 --   Z  zset    live tickets -> liveness deadline (server ms).
 --   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket.
---   F  hash    never deleted: t=last fencing token, s=last ticket, n=lock name.
+--   F  hash    t=last fencing token, s=last ticket, n=lock name. It outlives everything else
+--              of the lock by the fence margin, then expires (keep_fence): an idle lock
+--              leaves no key.
 --   C  channel for wake-ups (a shard channel in sharded mode): "G <token> <attempt> <owner>" (hand-over to that
 --      attempt), "R <owner>" (look again). The owner comes last: it may contain spaces.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
@@ -340,4 +342,32 @@ local function hand_over(last_token)
   redis.call('PEXPIREAT', H, until_ms)
   spend(attempt)
   publish('G ' .. token .. ' ' .. attempt .. ' ' .. owner)
+end
+
+-- F outlives everything of the lock (the hold's lease, the last waiter's deadline) by the
+-- fence margin, the last ARGV of every mutating script, then expires: an idle lock leaves no
+-- key behind. Tokens still increase after F is gone (next_token: never below the server's
+-- clock in microseconds), unless the server's clock steps back by more than the margin.
+-- Only a hash of ours is touched, and nothing here can fail on stored data.
+local function keep_fence()
+  local margin = tonumber(ARGV[#ARGV])
+  if not margin or redis.call('TYPE', F).ok ~= 'hash' then
+    return
+  end
+  local live = math.max(redis.call('PTTL', H), 0)
+  local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
+  if type(last) == 'table' and not last.err and last[2] then
+    live = math.max(live, tonumber(last[2]) - now_ms)
+  end
+  redis.call('PEXPIRE', F, int(live + margin))
+end
+
+-- Every mutating script's reply goes through here (see crates/fairlock-redis/src/scripts.rs):
+-- F's expiry follows what the operation did. A refusal (an error reply) wrote nothing.
+local function finish(reply)
+  if type(reply) == 'table' and reply.err then
+    return reply
+  end
+  keep_fence()
+  return reply
 end

@@ -56,6 +56,12 @@ impl RedisBackend {
         })
     }
 
+    /// The fence margin in ms: the last ARGV of every mutating script (see `keep_fence` in
+    /// `lua/prelude.lua`).
+    fn fence_margin(&self) -> String {
+        millis(self.inner.fence_margin)
+    }
+
     async fn run_for_text(&self, script: &Script, name: &str, args: Vec<String>) -> Result<String> {
         let reply = self.run(script, &self.keys(name), name, args).await?;
         match reply.as_string() {
@@ -201,6 +207,7 @@ impl LockBackend for RedisBackend {
             if request.queue { "1" } else { "0" }.to_owned(),
             name.to_owned(),
             millis(RESEND_HORIZON),
+            self.fence_margin(),
         ];
         let reply = self.run_for_text(script, name, args).await?;
         parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))
@@ -219,6 +226,7 @@ impl LockBackend for RedisBackend {
             token.to_string(),
             attempt.to_string(),
             millis(RESEND_HORIZON),
+            self.fence_margin(),
         ];
         let reply = self.run_for_text(script, name.as_str(), args).await?;
         parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))
@@ -232,7 +240,12 @@ impl LockBackend for RedisBackend {
         lease: Duration,
     ) -> Result<bool> {
         let script = &self.scripts().await?.extend;
-        let args = vec![owner.as_str().to_owned(), token.to_string(), millis(lease)];
+        let args = vec![
+            owner.as_str().to_owned(),
+            token.to_string(),
+            millis(lease),
+            self.fence_margin(),
+        ];
         match self
             .run_for_text(script, name.as_str(), args)
             .await?
@@ -250,6 +263,7 @@ impl LockBackend for RedisBackend {
             owner.as_str().to_owned(),
             attempt.to_string(),
             millis(RESEND_HORIZON),
+            self.fence_margin(),
         ];
         match self
             .run_for_text(script, name.as_str(), args)
@@ -267,7 +281,11 @@ impl LockBackend for RedisBackend {
             .run_for_text(
                 script,
                 name.as_str(),
-                vec![token.to_string(), millis(RESEND_HORIZON)],
+                vec![
+                    token.to_string(),
+                    millis(RESEND_HORIZON),
+                    self.fence_margin(),
+                ],
             )
             .await?
             .as_str()

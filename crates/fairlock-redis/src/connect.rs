@@ -13,6 +13,9 @@ use crate::error::{unavailable, BACKEND};
 use crate::wake::DEFAULT_LINGER;
 use crate::RedisBackend;
 
+/// How long the fence hash of an idle lock stays (see [`RedisBackendBuilder::fence_margin`]).
+pub(crate) const DEFAULT_FENCE_MARGIN: Duration = Duration::from_secs(600);
+
 /// How many published wake-ups may wait for the dispatcher before some are dropped (then every
 /// local waiter rechecks, at most twice a second). fred gives each of the subscriber's
 /// broadcast channels this capacity, so it is also what a backend's memory grows with:
@@ -46,6 +49,7 @@ pub struct RedisBackendBuilder {
     connect_timeout: Duration,
     command_timeout: Duration,
     subscription_linger: Duration,
+    fence_margin: Duration,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -57,6 +61,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("subscription_linger", &self.subscription_linger)
+            .field("fence_margin", &self.fence_margin)
             .finish()
     }
 }
@@ -70,6 +75,7 @@ impl RedisBackendBuilder {
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(10),
             subscription_linger: DEFAULT_LINGER,
+            fence_margin: DEFAULT_FENCE_MARGIN,
         }
     }
 
@@ -98,6 +104,18 @@ impl RedisBackendBuilder {
     /// fails with [`Error::Unavailable`] (default 10 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
+        self
+    }
+
+    /// How long a lock's fence hash (`:f`, the last fencing token) outlives everything else of
+    /// the lock once it is idle (default 10 minutes); then the lock leaves no key behind.
+    ///
+    /// Fencing tokens keep increasing after the hash is gone, since a token is never below the
+    /// server's clock in microseconds, unless the server's clock steps back by more than this
+    /// margin while the lock is idle: then the next token could be below the last one issued.
+    /// A longer margin guards against larger clock steps and keeps a key per idle lock longer.
+    pub fn fence_margin(mut self, margin: Duration) -> Self {
+        self.fence_margin = margin;
         self
     }
 
@@ -199,6 +217,7 @@ impl RedisBackendBuilder {
             endpoint,
             true,
             self.subscription_linger,
+            self.fence_margin,
         ))
     }
 }
@@ -309,6 +328,7 @@ pub(crate) fn from_clients(
         endpoint,
         false,
         DEFAULT_LINGER,
+        DEFAULT_FENCE_MARGIN,
     ))
 }
 

@@ -73,6 +73,8 @@ struct Inner {
     classic_scripts: Scripts,
     prefix: String,
     endpoint: String,
+    /// How long the fence hash outlives everything else of an idle lock.
+    fence_margin: std::time::Duration,
     /// Whether the connections were made here (and so are closed here).
     owns_clients: bool,
 }
@@ -125,6 +127,7 @@ impl RedisBackend {
         endpoint: String,
         owns_clients: bool,
         linger: std::time::Duration,
+        fence_margin: std::time::Duration,
     ) -> RedisBackend {
         let pubsub = Detection::start(pool.clone());
         RedisBackend {
@@ -136,6 +139,7 @@ impl RedisBackend {
                 classic_scripts: Scripts::new(PubsubMode::Classic),
                 prefix,
                 endpoint,
+                fence_margin,
                 owns_clients,
             }),
         }

@@ -35,14 +35,34 @@ macro_rules! script {
     };
 }
 
+/// A script that changes the lock: its body runs as a function whose reply goes through the
+/// prelude's `finish`, which keeps the fence hash for as long as the lock is in use plus the
+/// fence margin (the script's last ARGV).
+macro_rules! mutating_script {
+    ($publish:literal, $name:literal) => {
+        Script::new(
+            $name,
+            concat!(
+                "local PUBLISH = '",
+                $publish,
+                "'\n",
+                include_str!("../../../lua/prelude.lua"),
+                "\nlocal function operation()\n",
+                include_str!(concat!("../../../lua/", $name, ".lua")),
+                "\nend\nreturn finish(operation())\n"
+            ),
+        )
+    };
+}
+
 macro_rules! scripts {
     ($publish:literal) => {
         Scripts {
-            acquire: script!($publish, "acquire"),
-            release: script!($publish, "release"),
-            extend: script!($publish, "extend"),
-            abandon: script!($publish, "abandon"),
-            force_release: script!($publish, "force_release"),
+            acquire: mutating_script!($publish, "acquire"),
+            release: mutating_script!($publish, "release"),
+            extend: mutating_script!($publish, "extend"),
+            abandon: mutating_script!($publish, "abandon"),
+            force_release: mutating_script!($publish, "force_release"),
             inspect: script!($publish, "inspect"),
         }
     };

@@ -1,0 +1,87 @@
+//! The fence hash (`:f`, the last token) of an idle lock expires after the fence margin, so a
+//! service that locks per order id leaves no key per order; while the lock is held or waited
+//! for it stays; and tokens keep increasing after it is gone (floored by the server's clock).
+
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use fairlock::LockClient;
+use fairlock_redis::RedisBackend;
+
+fn fence_keys(server: &Server) -> Vec<String> {
+    server
+        .cli(&["--scan", "--pattern", "fairlock:*:f"])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_lock_leaves_no_fence_key_and_tokens_keep_growing() {
+    let server = Server::start();
+    let margin = Duration::from_millis(400);
+    let backend = RedisBackend::builder(server.url())
+        .fence_margin(margin)
+        .connect()
+        .await
+        .unwrap();
+    let client = LockClient::new(backend);
+    let lock = client.fair_lock("order-1").unwrap();
+
+    let guard = lock.lock().await.unwrap();
+    let first = guard.fencing_token();
+    // Held (watchdog lease 30 s): the fence stays well past the margin.
+    tokio::time::sleep(margin * 2).await;
+    assert_eq!(
+        fence_keys(&server).len(),
+        1,
+        "the fence of a held lock must stay"
+    );
+    guard.unlock().await.unwrap();
+
+    // Idle: gone after the margin.
+    tokio::time::sleep(margin + Duration::from_millis(300)).await;
+    assert!(
+        fence_keys(&server).is_empty(),
+        "an idle lock left {:?}",
+        fence_keys(&server)
+    );
+    let again = lock.lock().await.unwrap();
+    assert!(
+        again.fencing_token() > first,
+        "tokens must increase after the fence expired: {} then {}",
+        first,
+        again.fencing_token()
+    );
+    again.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_outlives_a_waiter_and_many_names_leave_nothing() {
+    let server = Server::start();
+    let margin = Duration::from_millis(300);
+    let backend = RedisBackend::builder(server.url())
+        .fence_margin(margin)
+        .connect()
+        .await
+        .unwrap();
+    let client = LockClient::new(backend);
+    // 200 distinct names, used once each.
+    for i in 0..200 {
+        let guard = client
+            .fair_lock(&format!("order-{i}"))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        guard.unlock().await.unwrap();
+    }
+    assert_eq!(fence_keys(&server).len(), 200);
+    tokio::time::sleep(margin + Duration::from_millis(400)).await;
+    assert!(
+        fence_keys(&server).is_empty(),
+        "fence keys left after the margin"
+    );
+}
