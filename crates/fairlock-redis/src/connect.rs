@@ -208,8 +208,9 @@ impl RedisBackendBuilder {
                 ))
             }
         }
-        cleanup.0 = None;
+        // Still under the clean-up guard: a caller that drops connect() here leaves nothing.
         warn_if_locks_may_be_evicted(&pool, &endpoint).await;
+        cleanup.0 = None;
         Ok(RedisBackend::assemble(
             pool,
             subscriber,
@@ -227,7 +228,7 @@ impl RedisBackendBuilder {
 async fn warn_if_locks_may_be_evicted(pool: &Pool, endpoint: &str) {
     use fred::interfaces::ConfigInterface;
     let reply: Result<fred::types::Value, _> = tokio::time::timeout(
-        Duration::from_secs(2),
+        Duration::from_secs(1),
         pool.next().config_get("maxmemory-policy"),
     )
     .await

@@ -103,7 +103,7 @@ impl RedisBackend {
     /// closed when the backend is dropped.
     ///
     /// Give the subscriber a large `broadcast_channel_capacity` in its
-    /// [`PerformanceConfig`](fred::types::config::PerformanceConfig) (the builder uses 16384):
+    /// [`PerformanceConfig`](fred::types::config::PerformanceConfig) (the builder uses 4096):
     /// with fred's default of 32 a burst of hand-overs overflows it and every local waiter
     /// is sent to check its lock.
     ///

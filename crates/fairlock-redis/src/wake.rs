@@ -137,13 +137,15 @@ impl Dispatcher {
             let channels: Vec<(String, Arc<tokio::sync::Mutex<bool>>)> = self
                 .channels()
                 .iter()
-                .filter(|(_, entry)| entry.watches > 0)
                 .map(|(channel, entry)| (channel.clone(), entry.subscribed.clone()))
                 .collect();
             let mut failed = 0;
             for (channel, subscribed) in channels {
                 let mut subscribed = subscribed.lock().await;
                 if !self.has_watches(&channel) {
+                    // Lingering with no watch: the new connection has no subscription for it,
+                    // so a watch made during the linger must subscribe again.
+                    *subscribed = false;
                     continue;
                 }
                 match self.subscribe(&channel).await {
@@ -261,8 +263,14 @@ impl Dispatcher {
                 else {
                     return;
                 };
+                let subscribed_arc = subscribed.clone();
                 let mut subscribed = subscribed.lock().await;
-                if *subscribed {
+                // Still this channel's entry, still watched: the linger may have removed it
+                // while we waited for the lock (subscribing then would leave an orphan).
+                let current = dispatcher.channels().get(&channel).is_some_and(|entry| {
+                    entry.watches > 0 && Arc::ptr_eq(&entry.subscribed, &subscribed_arc)
+                });
+                if *subscribed || !current {
                     return;
                 }
                 match dispatcher.subscribe(&channel).await {

@@ -229,13 +229,19 @@ impl LockGuard {
             async move {
                 // Harmless to repeat, so a transient failure is retried a few times: a level
                 // left behind would live as long as a sibling guard renews the hold.
-                let outcome = retry_transient(|| {
+                let (outcome, retried) = retry_transient(|| {
                     shared
                         .backend
                         .release(&shared.name, &shared.owner, token, attempt)
                 })
                 .await;
                 match outcome {
+                    // A try whose reply was lost may have released the last level: the hold
+                    // being gone then says nothing about the lease.
+                    Ok(ReleaseOutcome::NotHeld) if retried && !level.is_lost() => {
+                        debug!("released (an earlier try's reply was lost)");
+                        Ok(())
+                    }
                     Ok(ReleaseOutcome::Released { .. }) if level.is_lost() => {
                         debug!("released, but this guard's hand-over had lapsed before");
                         Err(Error::LeaseLost {
@@ -322,12 +328,14 @@ async fn confirm_hand_over(
         waiter_ttl: shared.options.waiter_ttl,
         queue: false,
     };
+    // A confirmation that is retried may have been applied by the first try (which is not
+    // applied again): the lease it set counts from that first try.
+    let first_sent = Instant::now();
     loop {
-        let sent = Instant::now();
         match timeout_at(deadline, shared.backend.acquire(&request)).await {
             Ok(Ok(AcquireOutcome::Granted(grant))) if grant.token == token => {
                 debug!(lock = %shared.name, token, "hand-over confirmed");
-                hold.extended(sent, lease);
+                hold.extended(first_sent, lease);
                 level.unconfirmed_until.send_replace(None);
                 return;
             }

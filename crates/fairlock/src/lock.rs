@@ -225,12 +225,14 @@ impl FairLock {
     ///
     /// A store that fails transiently (a dropped connection, a failover) is ridden out: the
     /// call is retried with a capped back-off as the same attempt, so the caller keeps its
-    /// place if the store is back within the waiter TTL.
+    /// place if the store is back within the waiter TTL of its last successful heartbeat
+    /// (otherwise it queues again, at the tail).
     ///
     /// # Errors
     /// [`Error::Unavailable`](crate::Error::Unavailable) once the store has failed for the
-    /// whole [`outage_budget`](crate::LockOptions::outage_budget) (30 s by default); other
-    /// backend errors at once (the caller then has left the queue).
+    /// whole [`outage_budget`](crate::LockOptions::outage_budget) (30 s by default; each
+    /// failing call may itself take up to the backend's command timeout); other backend
+    /// errors at once (the caller then has left the queue).
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaves nothing behind: the caller leaves the queue, and
@@ -279,8 +281,8 @@ impl FairLock {
     ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out while the lock was busy;
-    /// [`Error::Unavailable`](crate::Error::Unavailable) when it ran out while the store had
-    /// not answered for 100 ms or more (paused, unreachable);
+    /// [`Error::Unavailable`](crate::Error::Unavailable) when it ran out while the store was
+    /// failing or had not answered for 100 ms and a quarter of `wait` (paused, unreachable);
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `wait` is above
     /// [`MAX_DURATION`](crate::MAX_DURATION); backend errors.
     ///

@@ -41,7 +41,8 @@ pub(crate) enum Wait {
     AtMost(Duration),
 }
 
-/// A wait that ends while a call to the store has gone unanswered this long is reported as
+/// A wait that ends while a call to the store has gone unanswered this long (or a quarter of
+/// the wait, if that is longer: a slow but healthy store is not a failed one) is reported as
 /// the store's failure ([`Error::Unavailable`]), not as a busy lock ([`Error::Timeout`]).
 const STORE_SILENCE: Duration = Duration::from_millis(100);
 
@@ -91,10 +92,12 @@ async fn acquire_inner(
     let timed_out = |attempt: Attempt| async move {
         // The wait ended while the store had not answered a call for a while: it is the
         // store that failed, not the lock that was busy.
+        let wait = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(started));
+        let silence = STORE_SILENCE.max(wait / 4);
         let silent = attempt
             .calling_since
             .map(|since| since.elapsed())
-            .filter(|silent| *silent >= STORE_SILENCE)
+            .filter(|silent| *silent >= silence)
             .or(attempt.failing.then_some(Duration::ZERO));
         // Leave the queue before reporting, so the caller usually sees a clean state; but a
         // slow store must not stretch the caller's bound by more than a small slack: the
@@ -138,7 +141,7 @@ async fn acquire_inner(
             return timed_out(attempt).await;
         };
         match result {
-            Err(err) if waits && err.is_transient() => {
+            Err(err) if waits && is_outage(&err) => {
                 attempt.failing = true;
                 let Some(pause) = outage.failed() else {
                     return Err(err);
@@ -174,7 +177,7 @@ async fn acquire_inner(
         };
         match watched {
             Ok(watch) => break watch,
-            Err(err) if err.is_transient() => {
+            Err(err) if is_outage(&err) => {
                 attempt.failing = true;
                 let Some(pause) = outage.failed() else {
                     return Err(err);
@@ -198,7 +201,7 @@ async fn acquire_inner(
         let outcome = match outcome {
             // The store failed: try again soon as the same attempt, so the place in the queue
             // is kept if the store is back within the waiter TTL.
-            Err(err) if err.is_transient() => {
+            Err(err) if is_outage(&err) => {
                 attempt.failing = true;
                 let Some(pause) = outage.failed() else {
                     return Err(err);
@@ -298,8 +301,12 @@ const LATE_GRANT_DIVISOR: u32 = 3;
 async fn acquire_fresh(
     shared: &LockShared,
     request: &AcquireRequest,
+    unknown_since: Option<Instant>,
 ) -> Result<(AcquireOutcome, Instant)> {
-    let sent = Instant::now();
+    // A grant found by this call may have been made by an earlier call of the attempt whose
+    // reply never came (the store answers a repeated call with the same grant and does not
+    // lengthen it): its lease is counted from that earlier call.
+    let sent = unknown_since.unwrap_or_else(Instant::now);
     let outcome = shared.backend.acquire(request).await?;
     let AcquireOutcome::Granted(grant) = outcome else {
         return Ok((outcome, sent));
@@ -345,6 +352,9 @@ struct Attempt {
     calling_since: Option<Instant>,
     /// The last call failed transiently (the store is down or failing over).
     failing: bool,
+    /// When the earliest call whose outcome is unknown (it failed or was given up) was sent:
+    /// a grant found later may be its, and its lease started then.
+    unknown_since: Option<Instant>,
     finished: bool,
 }
 
@@ -357,6 +367,7 @@ impl Attempt {
             sent: false,
             calling_since: None,
             failing: false,
+            unknown_since: None,
             finished: false,
         }
     }
@@ -374,9 +385,19 @@ impl Attempt {
             queue,
         };
         self.sent = true;
-        self.calling_since = Some(Instant::now());
-        let outcome = acquire_fresh(&self.shared, &request).await;
+        let sent = Instant::now();
+        self.calling_since = Some(sent);
+        // If this future is dropped here, `calling_since` stays: the outcome is unknown.
+        let outcome = acquire_fresh(&self.shared, &request, self.unknown_since).await;
         self.calling_since = None;
+        match &outcome {
+            // The call may or may not have been applied: a grant it made counts from now on.
+            Err(err) if is_outage(err) => {
+                self.unknown_since.get_or_insert(sent);
+            }
+            Ok(_) => self.unknown_since = None,
+            Err(_) => {}
+        }
         outcome
     }
 
@@ -388,7 +409,16 @@ impl Attempt {
     ) -> Option<Result<(AcquireOutcome, Instant)>> {
         match deadline {
             None => Some(self.call(queue).await),
-            Some(deadline) => timeout_at(deadline, self.call(queue)).await.ok(),
+            Some(deadline) => {
+                let outcome = timeout_at(deadline, self.call(queue)).await.ok();
+                if outcome.is_none() {
+                    // Given up in flight: its outcome is unknown.
+                    if let Some(sent) = self.calling_since {
+                        self.unknown_since.get_or_insert(sent);
+                    }
+                }
+                outcome
+            }
         }
     }
 
@@ -435,7 +465,7 @@ impl Attempt {
                     // Removes our queue entry, a hand-over made to us that we never took, or a
                     // grant whose reply we never saw; a request of ours still on its way will
                     // find the attempt ended and change nothing.
-                    let abandoned = retry_transient(|| {
+                    let (abandoned, _) = retry_transient(|| {
                         shared.backend.abandon(&shared.name, &shared.owner, attempt)
                     })
                     .await;
@@ -512,9 +542,16 @@ async fn pause_before(pause: Duration, deadline: Option<Instant>) -> bool {
 const RETRIES: u32 = 5;
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-/// Runs `call` until it succeeds, fails for good, or [`RETRIES`] transient failures (about
-/// 0.75 s of pauses in all). Only for calls that are harmless when applied twice.
-pub(crate) async fn retry_transient<T, F, Fut>(mut call: F) -> Result<T>
+/// Whether `err` is the store being unreachable or its answer unknown (worth riding out), as
+/// opposed to a refusal that will not change by asking again.
+pub(crate) fn is_outage(err: &Error) -> bool {
+    matches!(err, Error::Unavailable { .. })
+}
+
+/// Runs `call` until it succeeds, fails for good, or [`RETRIES`] outages (about 0.75 s of
+/// pauses in all), and says whether it had to try more than once (an earlier try may have
+/// been applied). Only for calls that are harmless when applied twice.
+pub(crate) async fn retry_transient<T, F, Fut>(mut call: F) -> (Result<T>, bool)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
@@ -523,13 +560,13 @@ where
     let mut tries = 1;
     loop {
         match call().await {
-            Err(err) if err.is_transient() && tries < RETRIES => {
+            Err(err) if is_outage(&err) && tries < RETRIES => {
                 debug!(error = %err, tries, "transient failure; trying again");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
                 tries += 1;
             }
-            other => return other,
+            other => return (other, tries > 1),
         }
     }
 }

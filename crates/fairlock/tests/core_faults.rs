@@ -23,6 +23,8 @@ struct Faulty {
     queued: Arc<Mutex<HashSet<AttemptId>>>,
     stall_confirmations: Arc<AtomicBool>,
     lose_next_reply: Arc<AtomicBool>,
+    /// Like `lose_next_reply`, but the loss is noticed only 900 ms later (a command timeout).
+    lose_next_reply_slowly: Arc<AtomicBool>,
     fail_next_abandon: Arc<AtomicBool>,
 }
 
@@ -46,6 +48,10 @@ impl LockBackend for Faulty {
         }
         let outcome = self.inner.acquire(request).await?;
         if self.lose_next_reply.swap(false, SeqCst) {
+            return Err(down());
+        }
+        if self.lose_next_reply_slowly.swap(false, SeqCst) {
+            tokio::time::sleep(Duration::from_millis(900)).await;
             return Err(down());
         }
         Ok(outcome)
@@ -181,4 +187,31 @@ async fn lock_adopts_a_grant_whose_reply_was_lost() {
     assert_eq!(holder.hold_count, 1, "{holder:?}");
     guard.unlock().await.unwrap();
     other.try_lock().await.unwrap().unlock().await.unwrap();
+}
+
+/// A grant whose reply is lost only after 900 ms, adopted by `lock()`'s retry: its lease
+/// started when the first call reached the store, not at the retry, so the guard never
+/// believes it holds after another owner got the lock.
+#[tokio::test(start_paused = true)]
+async fn an_adopted_grant_is_dated_from_the_call_that_made_it() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lease = Duration::from_secs(1);
+    let owner = client.fair_lock("x").unwrap().with_lease(lease).unwrap();
+    let other = client.fair_lock("x").unwrap();
+    backend.lose_next_reply_slowly.store(true, SeqCst);
+    let guard = owner.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    match other.try_lock().await {
+        Ok(taken) => {
+            assert!(
+                guard.is_lease_lost(),
+                "another owner holds while the adopted guard believes it still does"
+            );
+            taken.unlock().await.unwrap();
+        }
+        Err(_) => {
+            assert!(!guard.is_lease_lost() || client.state("x").await.unwrap().holder.is_none())
+        }
+    }
 }

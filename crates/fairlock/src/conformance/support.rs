@@ -26,8 +26,9 @@ pub(crate) const EVENTUALLY: Duration = Duration::from_secs(3);
 /// Leeway for the store's millisecond precision when comparing its clock with ours.
 pub(crate) const CLOCK_SLACK: Duration = Duration::from_millis(5);
 
-/// [`CLOCK_SLACK`] plus the step of `backend`'s clock (its declared capability): how much later
-/// than asked a deadline may end.
+/// [`CLOCK_SLACK`] plus the step of `backend`'s clock (its declared capability): how much *later*
+/// than asked a deadline may end. Only for upper bounds: a coarse store rounds up, so checks
+/// that nothing ends early keep the plain [`CLOCK_SLACK`].
 pub(crate) fn clock_slack(backend: &Arc<dyn LockBackend>) -> Duration {
     CLOCK_SLACK + backend.capabilities().clock_granularity
 }
