@@ -57,9 +57,9 @@ struct Store {
     watchers: HashMap<(LockName, Owner), Vec<WakeSender>>,
     /// Spent attempts (granted a level at some point, or ended), until when they are
     /// remembered: a spent attempt is never granted again.
-    ended: HashMap<(LockName, AttemptId), Instant>,
+    spent: HashMap<(LockName, AttemptId), Instant>,
     /// The same records by expiry, so they are forgotten in order.
-    ended_by_expiry: BTreeSet<(Instant, LockName, AttemptId)>,
+    spent_by_expiry: BTreeSet<(Instant, LockName, AttemptId)>,
 }
 
 #[derive(Default)]
@@ -215,35 +215,35 @@ impl Store {
         }
     }
 
-    /// Forgets ended attempts whose horizon has passed.
-    fn forget_ended(&mut self, now: Instant) {
-        while let Some((until, _, _)) = self.ended_by_expiry.first() {
+    /// Forgets spent attempts whose horizon has passed.
+    fn forget_spent(&mut self, now: Instant) {
+        while let Some((until, _, _)) = self.spent_by_expiry.first() {
             if *until > now {
                 break;
             }
-            if let Some((until, name, attempt)) = self.ended_by_expiry.pop_first() {
+            if let Some((until, name, attempt)) = self.spent_by_expiry.pop_first() {
                 let key = (name, attempt);
-                if self.ended.get(&key) == Some(&until) {
-                    self.ended.remove(&key);
+                if self.spent.get(&key) == Some(&until) {
+                    self.spent.remove(&key);
                 }
             }
         }
     }
 
-    fn has_ended(&self, name: &LockName, attempt: AttemptId) -> bool {
-        self.ended.contains_key(&(name.clone(), attempt))
+    fn is_spent(&self, name: &LockName, attempt: AttemptId) -> bool {
+        self.spent.contains_key(&(name.clone(), attempt))
     }
 
     /// Records that `attempt` is spent; returns whether it was already.
-    fn end(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> bool {
+    fn spend(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> bool {
         let until = now + RESEND_HORIZON;
         let key = (name.clone(), attempt);
-        let before = self.ended.insert(key, until);
+        let before = self.spent.insert(key, until);
         if let Some(before) = before {
-            self.ended_by_expiry
+            self.spent_by_expiry
                 .remove(&(before, name.clone(), attempt));
         }
-        self.ended_by_expiry.insert((until, name.clone(), attempt));
+        self.spent_by_expiry.insert((until, name.clone(), attempt));
         before.is_some()
     }
 
@@ -258,7 +258,7 @@ impl Store {
             return;
         };
         let until = now + waiter.ttl;
-        self.end(name, attempt, now);
+        self.spend(name, attempt, now);
         let entry = self.entry(name, now);
         entry.holder = Some(Holder {
             owner: waiter.owner.clone(),
@@ -286,8 +286,8 @@ impl Store {
     }
 
     fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> AcquireOutcome {
-        self.forget_ended(now);
-        let spent = self.has_ended(&req.name, req.attempt);
+        self.forget_spent(now);
+        let spent = self.is_spent(&req.name, req.attempt);
         let token = self.last_token + 1;
         let entry = self.entry(&req.name, now);
         if let Some(holder) = entry.holder.as_mut() {
@@ -312,7 +312,7 @@ impl Store {
             holder.lengthen(req.lease, now);
             let grant = holder.grant();
             entry.dequeue(req.attempt);
-            self.end(&req.name, req.attempt, now);
+            self.spend(&req.name, req.attempt, now);
             return AcquireOutcome::Granted(grant);
         }
         let is_head = entry.head().is_none_or(|w| w.attempt == req.attempt);
@@ -326,7 +326,7 @@ impl Store {
                 expires: now + req.lease,
             });
             self.last_token = token;
-            self.end(&req.name, req.attempt, now);
+            self.spend(&req.name, req.attempt, now);
             return AcquireOutcome::Granted(Grant {
                 token,
                 hold_count: 1,
@@ -357,8 +357,8 @@ impl Store {
         attempt: AttemptId,
         now: Instant,
     ) -> ReleaseOutcome {
-        self.forget_ended(now);
-        let already = self.end(name, attempt, now);
+        self.forget_spent(now);
+        let already = self.spend(name, attempt, now);
         let entry = self.entry(name, now);
         let Some(holder) = entry
             .holder
@@ -409,8 +409,8 @@ impl Store {
     }
 
     fn abandon(&mut self, name: &LockName, owner: &Owner, attempt: AttemptId, now: Instant) {
-        self.forget_ended(now);
-        self.end(name, attempt, now);
+        self.forget_spent(now);
+        self.spend(name, attempt, now);
         let entry = self.entry(name, now);
         let was_head = entry.head().is_some_and(|w| w.attempt == attempt);
         entry.dequeue(attempt);
@@ -597,13 +597,5 @@ impl MemoryBackend {
             !entry.is_idle()
         });
         store.locks.len()
-    }
-
-    /// How many ended attempts are remembered (see
-    /// [`RESEND_HORIZON`]); they are forgotten once it has passed.
-    pub fn ended_attempt_count(&self) -> usize {
-        let mut store = self.store();
-        store.forget_ended(Instant::now());
-        store.ended.len()
     }
 }
