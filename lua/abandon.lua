@@ -1,8 +1,8 @@
 -- abandon: end an attempt whatever it has: its queue entry, and its level (pending, or
 -- granted by a call whose reply never arrived), handing over if that was the last level.
 --
--- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
--- ARGV: 1 owner, 2 attempt, 3 resend horizon ms, 4 fence margin ms
+-- KEYS: H, Q, Z, W, F, X (see prelude.lua)
+-- ARGV: 1 owner, 2 attempt, 3 resend horizon ms, 4 channel, 5 fence margin ms
 -- Returns "OK", also when the attempt had nothing (abandoning twice is abandoning once).
 local owner, attempt = ARGV[1], ARGV[2]
 horizon_ms = tonumber(ARGV[3])
@@ -24,12 +24,11 @@ end
 -- The attempt has ended: a re-sent acquire of it changes nothing.
 spend(attempt)
 
-local was_head = false
-if present[Q] then
-  evict_expired()
-  local ticket, _, head_attempt = head()
-  was_head = ticket ~= nil and head_attempt == attempt
-  dequeue(attempt)
+local queued = present[Q] and redis.call('HGET', W, '@' .. attempt)
+local was_first = false
+if queued then
+  was_first = redis.call('ZRANGE', Q, 0, 0)[1] == queued
+  forget(queued, attempt)
 end
 
 hold = settle(hold, true)
@@ -42,11 +41,15 @@ end
 
 if freed then
   hand_over(fence.token)
-elseif was_head and not hold then
-  -- The lock is free: the new head may take it now rather than at its next heartbeat.
+elseif queued and not hold then
+  -- The lock is free: if the first in line changed, the new first may take it now rather
+  -- than at its next heartbeat.
+  evict_expired()
   local ticket, _, _, head_owner = head()
-  if ticket then
+  if ticket and (was_first or head_moved) then
     publish('R ' .. head_owner)
+  elseif head_unknown and live_waiters() > 0 then
+    publish('A')
   end
 end
 tidy()

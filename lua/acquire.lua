@@ -1,14 +1,15 @@
 -- acquire: grant, re-enter, confirm a pending grant, or join/stay in the queue.
 --
--- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
+-- KEYS: H, Q, Z, W, F, X (see prelude.lua)
 -- ARGV: 1 owner, 2 attempt, 3 lease ms, 4 waiter ttl ms, 5 queue ("1" or "0"), 6 lock name,
---       7 resend horizon ms, 8 fence margin ms
+--       7 resend horizon ms, 8 channel, 9 fence margin ms
 -- Returns a string:
 --   "G <token> <hold count>"  the attempt holds a level: first grant, re-entry, confirmed
 --                             hand-over, or a level it already had (a re-send: no change)
---   "Q <ms> <last token>"     queued; <ms> = holder's remaining lease if the caller is the
---                             head waiter (re-check then), -1 otherwise; <last token> = the
---                             highest token issued for this lock (0 if none)
+--   "Q <ms> <last token>"     queued; <ms> = when to ask again if the caller may be the head
+--                             waiter (the holder's remaining lease; 0 while dead waiters in
+--                             front are still being cleared), -1 otherwise; <last token> =
+--                             the highest token issued for this lock (0 if none)
 --   "B"                       busy, and the request did not ask to queue; or the attempt is
 --                             spent (a late re-send), which changes nothing
 local owner, attempt, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -67,14 +68,26 @@ if hold and hold.owner == owner then
   return 'G ' .. hold.token .. ' ' .. int(count(hold))
 end
 
-local head_ticket, head_attempt
+local head_ticket, head_attempt, head_owner
 if has_queue then
   evict_expired()
   local _
-  head_ticket, _, head_attempt = head()
+  head_ticket, _, head_attempt, head_owner = head()
+  if head_unknown then
+    -- More dead waiters in front than this call may clear. If the caller is the only live
+    -- waiter, or there is none, who is first is known all the same.
+    local live = live_waiters()
+    local own = live == 1 and redis.call('HGET', W, '@' .. attempt)
+    if live == 0 then
+      head_unknown = false
+    elseif own and tonumber(redis.call('ZSCORE', Z, own) or 0) > now_ms then
+      head_unknown = false
+      head_ticket, head_attempt, head_owner = own, attempt, owner
+    end
+  end
 end
 
-if not hold and (not head_ticket or head_attempt == attempt) then
+if not hold and not head_unknown and (not head_ticket or head_attempt == attempt) then
   if head_ticket then
     dequeue(attempt)
   end
@@ -92,6 +105,12 @@ if not hold and (not head_ticket or head_attempt == attempt) then
   return 'G ' .. token .. ' 1'
 end
 
+if not hold and head_moved and head_ticket then
+  -- The lock is free and this call cleared the dead in front of the head: tell it now rather
+  -- than at its next heartbeat.
+  publish('R ' .. head_owner)
+end
+
 if not may_queue then
   tidy()
   return 'B'
@@ -105,15 +124,24 @@ end
 if ticket then
   local current = tonumber(redis.call('ZSCORE', Z, ticket))
   if not current or current <= now_ms then
-    drop_ticket(ticket, attempt, true)
+    forget(ticket, attempt)
     ticket = nil
   end
 end
 if not ticket then
-  ticket = int(redis.call('HINCRBY', F, 's', 1))
-  redis.call('RPUSH', Q, ticket)
+  -- Tickets only grow, also if F was lost (evicted) while the queue lived on.
+  local number = redis.call('HINCRBY', F, 's', 1)
+  if has_queue then
+    local last = redis.call('ZRANGE', Q, -1, -1, 'WITHSCORES')[2]
+    if last and tonumber(last) >= number then
+      number = tonumber(last) + 1
+      redis.call('HSET', F, 's', int(number))
+    end
+  end
+  ticket = int(number)
+  redis.call('ZADD', Q, ticket, ticket)
   redis.call('HSET', W, '@' .. attempt, ticket)
-  if not head_ticket then
+  if not head_ticket and not head_unknown then
     head_ticket, head_attempt = ticket, attempt
   end
 end
@@ -126,7 +154,11 @@ expire_queue_keys()
 tidy()
 
 local last_token = fence.token or '0'
-if hold and head_attempt == attempt then
+if head_unknown and not hold then
+  -- Free, but the dead in front are not all cleared: ask again at once to clear more.
+  return 'Q 0 ' .. last_token
+end
+if hold and (head_attempt == attempt or head_unknown) then
   -- When the hold ends: its lease, or sooner when its only level is a pending one.
   local left = math.max(redis.call('PTTL', H), 0)
   if hold.confirmed == 0 and hold.pending_until then

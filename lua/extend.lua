@@ -2,8 +2,8 @@
 -- is confirmed only by its own attempt's acquire, never here: another level's renewal must not
 -- keep a dead grantee's level alive.
 --
--- KEYS: H, Q, Z, W, F, C, X (see prelude.lua); only H is used.
--- ARGV: 1 owner, 2 token, 3 lease ms, 4 fence margin ms
+-- KEYS: H, Q, Z, W, F, X (see prelude.lua); only H is used.
+-- ARGV: 1 owner, 2 token, 3 lease ms, 4 channel, 5 fence margin ms
 -- Returns a string: "1" extended, "0" not held by owner with that token (no change).
 -- The lease is never shortened, so applying it again (a re-send) is harmless.
 local owner, token, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])

@@ -1,8 +1,8 @@
 -- force_release: free the hold with the given token, whoever holds it and whatever its
 -- count, and hand over. Naming the token makes a re-send harmless: no later hold has it.
 --
--- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
--- ARGV: 1 token, 2 resend horizon ms, 3 fence margin ms
+-- KEYS: H, Q, Z, W, F, X (see prelude.lua)
+-- ARGV: 1 token, 2 resend horizon ms, 3 channel, 4 fence margin ms
 -- Returns a string: "1" if that hold existed (it is freed and handed on), else "0".
 local token = ARGV[1]
 horizon_ms = tonumber(ARGV[2])

@@ -1,6 +1,6 @@
 -- inspect: a read-only snapshot (O(number of queue entries)).
 --
--- KEYS: H, Q, Z, W, F, C, X (see prelude.lua); C and X are not used.
+-- KEYS: H, Q, Z, W, F, X (see prelude.lua); X is not used.
 -- ARGV: none
 -- Returns an array of strings:
 --   [1] lock name ("" if never recorded)
@@ -32,7 +32,7 @@ else
   end
 end
 if present[Q] then
-  for _, ticket in ipairs(redis.call('LRANGE', Q, 0, -1)) do
+  for _, ticket in ipairs(redis.call('ZRANGE', Q, 0, -1)) do
     local deadline = tonumber(redis.call('ZSCORE', Z, ticket))
     if deadline and deadline > now_ms then
       local ttl, attempt, owner = waiter_record(ticket)

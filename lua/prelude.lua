@@ -14,14 +14,18 @@
 --              Hold count = c + 1 while the pending level lives. PEXPIRE = the lease.
 --              A pending level whose pd has passed is gone; a hold left without levels is
 --              free (scripts delete it when they meet it).
---   Q  list    FIFO of waiter tickets; may hold tombstones of tickets that left (skipped).
---   Z  zset    live tickets -> liveness deadline (server ms).
+--   Q  zset    the FIFO: queued tickets, each scored by its own number (tickets only grow,
+--              so the lowest is first in line). Leaving removes the entry: no tombstones.
+--   Z  zset    the same tickets -> liveness deadline (server ms). A ticket whose deadline
+--              has passed is dead; calls evict a bounded number of them (see DROP_BUDGET).
 --   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket.
 --   F  hash    t=last fencing token, s=last ticket, n=lock name. It outlives everything else
 --              of the lock by the fence margin, then expires (keep_fence): an idle lock
 --              leaves no key.
---   C  channel for wake-ups (a shard channel in sharded mode): "G <token> <attempt> <owner>" (hand-over to that
---      attempt), "R <owner>" (look again). The owner comes last: it may contain spaces.
+--   C  channel for wake-ups (a shard channel in sharded mode): "G <token> <attempt> <owner>"
+--      (hand-over to that attempt), "R <owner>" (look again), "A" (every waiter: look again).
+--      The owner comes last: it may contain spaces. Not a key: the channel is passed as the
+--      second-to-last ARGV, so a slot migration does not count it as a missing key.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
 --              spent when it is granted a level (grant, re-entry, hand-over) and when it
 --              ends (release, abandon). PEXPIREAT = the latest score, so an idle lock's
@@ -35,7 +39,9 @@
 -- touches and the stored values it relies on (check_types, read_hold, read_fence) before its
 -- first write; nothing after that can fail on stored data.
 
-local H, Q, Z, W, F, C, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local H, Q, Z, W, F, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- Mutating scripts end their ARGV with: channel, fence margin (ms).
+local C = ARGV[#ARGV - 1]
 
 -- The server's clock is the only clock: the client sends durations.
 local clock = redis.call('TIME')
@@ -78,7 +84,7 @@ local function foreign(key, detail)
   return redis.error_reply('WRONGTYPE fairlock: ' .. key .. ' ' .. detail)
 end
 
-local TYPES = { [H] = 'hash', [Q] = 'list', [Z] = 'zset', [W] = 'hash', [F] = 'hash', [X] = 'zset' }
+local TYPES = { [H] = 'hash', [Q] = 'zset', [Z] = 'zset', [W] = 'hash', [F] = 'hash', [X] = 'zset' }
 
 -- Whether each checked key exists (false: it does not; nil: not checked).
 local present = {}
@@ -245,60 +251,113 @@ local function waiter_record(ticket)
   return ttl, string.sub(record, first + 1, second - 1), string.sub(record, second + 1)
 end
 
--- Forgets one ticket in O(log n); its list entry becomes a tombstone. `attempt` is its
--- attempt if the caller knows it, `mapped` whether "@<attempt>" is known to point at it.
-local function drop_ticket(ticket, attempt, mapped)
+-- The most queue entries one call drops (dead waiters and the entries of waiters that left):
+-- each costs O(log n), so no call does unbounded work however many waiters die together. What
+-- is left is dropped by the next calls (see head()).
+local DROP_BUDGET = 64
+local dropped = 0
+-- Set by head() when the budget ran out before it found a live waiter: who is first in line
+-- is not known yet, only that the dead in front of them are being cleared.
+local head_unknown = false
+
+-- Forgets `tickets` (at most a few dozen) in a constant number of commands.
+local function drop_tickets(tickets)
+  if #tickets == 0 then
+    return
+  end
   queue_touched = true
-  if not attempt then
-    local _
-    _, attempt = waiter_record(ticket)
+  dropped = dropped + #tickets
+  local fields = {}
+  for i, ticket in ipairs(tickets) do
+    fields[i] = '#' .. ticket
   end
-  redis.call('ZREM', Z, ticket)
-  if attempt and (mapped or redis.call('HGET', W, '@' .. attempt) == ticket) then
-    redis.call('HDEL', W, '#' .. ticket, '@' .. attempt)
-  else
-    redis.call('HDEL', W, '#' .. ticket)
+  local records = redis.call('HMGET', W, unpack(fields))
+  -- "@<attempt>" is deleted only while it still points at the ticket being dropped.
+  local attempts, owners_of = {}, {}
+  for i, record in ipairs(records) do
+    local attempt = record and string.match(record, '^%d+:(%x+):')
+    if attempt then
+      table.insert(attempts, '@' .. attempt)
+      owners_of[#attempts] = tickets[i]
+    end
   end
+  if #attempts > 0 then
+    local mapped = redis.call('HMGET', W, unpack(attempts))
+    for i, ticket in ipairs(mapped) do
+      if ticket == owners_of[i] then
+        table.insert(fields, attempts[i])
+      end
+    end
+  end
+  redis.call('ZREM', Z, unpack(tickets))
+  redis.call('ZREM', Q, unpack(tickets))
+  redis.call('HDEL', W, unpack(fields))
 end
 
--- Removes the queue entry of `attempt`, if it has one.
+-- Forgets one ticket whose attempt is known to map to it ("@<attempt>" -> ticket).
+local function forget(ticket, attempt)
+  queue_touched = true
+  dropped = dropped + 1
+  redis.call('ZREM', Z, ticket)
+  redis.call('ZREM', Q, ticket)
+  redis.call('HDEL', W, '#' .. ticket, '@' .. attempt)
+end
+
+-- Removes the queue entry of `attempt`, if it has one: O(log n), nothing left behind. Returns
+-- its ticket.
 local function dequeue(attempt)
   local ticket = redis.call('HGET', W, '@' .. attempt)
   if ticket then
-    drop_ticket(ticket, attempt, true)
+    forget(ticket, attempt)
   end
+  return ticket
 end
 
--- Evicts a few expired waiters from anywhere in the queue: amortised O(log n) per call.
+-- Evicts a few dead waiters from anywhere in the queue: storage follows the live waiters.
 local function evict_expired()
-  local expired = redis.call('ZRANGEBYSCORE', Z, '-inf', now_ms, 'LIMIT', 0, 8)
-  for _, ticket in ipairs(expired) do
-    drop_ticket(ticket)
-  end
+  local expired = redis.call('ZRANGEBYSCORE', Z, '-inf', now_ms, 'LIMIT', 0, 16)
+  drop_tickets(expired)
 end
 
--- The first live ticket and its ttl, attempt and owner. Tombstones and expired waiters in
--- front of it are popped: each list entry is popped once, so this is amortised O(log n).
+-- The first live ticket and its ttl, attempt and owner. Dead entries in front of it are
+-- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown. `head_moved` tells
+-- whether this call dropped entries in front of the head it returns (the head changed).
+local head_moved = false
 local function head()
+  -- A few first (the head is usually live), then the rest of the budget in one batch.
+  local batch = 4
   while true do
-    local ticket = redis.call('LINDEX', Q, 0)
-    if not ticket then
+    local tickets = redis.call('ZRANGE', Q, 0, batch - 1)
+    if #tickets == 0 then
       return nil
     end
-    local deadline = tonumber(redis.call('ZSCORE', Z, ticket))
-    local ttl, attempt, owner
-    if deadline and deadline > now_ms then
-      ttl, attempt, owner = waiter_record(ticket)
-      if ttl then
-        return ticket, ttl, attempt, owner
+    local deadlines = redis.call('ZMSCORE', Z, unpack(tickets))
+    local dead = {}
+    for i, ticket in ipairs(tickets) do
+      local deadline = tonumber(deadlines[i])
+      if deadline and deadline > now_ms then
+        local ttl, attempt, owner = waiter_record(ticket)
+        if ttl then
+          drop_tickets(dead)
+          head_moved = head_moved or #dead > 0
+          return ticket, ttl, attempt, owner
+        end
       end
+      table.insert(dead, ticket)
     end
-    if deadline then
-      drop_ticket(ticket, attempt)
+    drop_tickets(dead)
+    head_moved = true
+    batch = DROP_BUDGET - dropped
+    if batch <= 0 then
+      head_unknown = true
+      return nil
     end
-    queue_touched = true
-    redis.call('LPOP', Q)
   end
+end
+
+-- How many waiters are alive: O(log n), however many dead ones are still stored.
+local function live_waiters()
+  return redis.call('ZCOUNT', Z, '(' .. int(now_ms), '+inf')
 end
 
 -- Queue keys disappear by themselves when the last waiter's deadline passes.
@@ -312,10 +371,11 @@ local function expire_queue_keys()
   end
 end
 
--- Nothing left behind: without live waiters the list only holds tombstones.
+-- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
+-- frees a large key off the main thread, so this stays O(1) here).
 local function tidy()
-  if queue_touched and redis.call('ZCARD', Z) == 0 then
-    redis.call('DEL', Q, W)
+  if queue_touched and live_waiters() == 0 then
+    redis.call('UNLINK', Q, Z, W)
   end
 end
 
@@ -330,11 +390,16 @@ local function hand_over(last_token)
   evict_expired()
   local ticket, ttl, attempt, owner = head()
   if not ticket then
+    if head_unknown and live_waiters() > 0 then
+      -- Live waiters stand behind more dead ones than this call may clear: the lock stays
+      -- free, and every waiter looks again; their calls clear the rest and the first live
+      -- one takes the lock (a newcomer cannot: it finds the queue in front of it).
+      publish('A')
+    end
     return
   end
   -- A live ticket's record names its attempt, whose "@" entry points back at it.
-  drop_ticket(ticket, attempt, true)
-  redis.call('LPOP', Q)
+  forget(ticket, attempt)
   local token = next_token(last_token)
   local until_ms = int(now_ms + ttl)
   redis.call('HSET', F, 't', token)

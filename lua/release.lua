@@ -1,8 +1,8 @@
 -- release: remove one attempt's level from the hold with the matching owner and token, and
 -- end the attempt; at 0 levels, hand over.
 --
--- KEYS: H, Q, Z, W, F, C, X (see prelude.lua)
--- ARGV: 1 owner, 2 token, 3 attempt, 4 resend horizon ms, 5 fence margin ms
+-- KEYS: H, Q, Z, W, F, X (see prelude.lua)
+-- ARGV: 1 owner, 2 token, 3 attempt, 4 resend horizon ms, 5 channel, 6 fence margin ms
 -- Returns a string: "R <remaining hold count>"; also "R <count>" when the hold has no level
 -- of the attempt but the attempt was spent before (a re-sent release). "N" when owner holds
 -- no hold with that token (expired, force-released), or one without a level of an attempt

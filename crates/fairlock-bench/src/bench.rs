@@ -62,6 +62,7 @@ impl Bench {
     pub(crate) async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
         self.backend_with(connect::Options {
             pool_size: Some(self.config.pool_size),
+            ..connect::Options::default()
         })
         .await
     }

@@ -56,10 +56,10 @@ impl RedisBackend {
         })
     }
 
-    /// The fence margin in ms: the last ARGV of every mutating script (see `keep_fence` in
-    /// `lua/prelude.lua`).
-    fn fence_margin(&self) -> String {
-        millis(self.inner.fence_margin)
+    /// The ARGV every mutating script ends with: the lock's wake-up channel, then the fence
+    /// margin in ms (see `lua/prelude.lua`).
+    fn trailer(&self, name: &str) -> [String; 2] {
+        [self.keys(name).channel, millis(self.inner.fence_margin)]
     }
 
     async fn run_for_text(&self, script: &Script, name: &str, args: Vec<String>) -> Result<String> {
@@ -199,7 +199,7 @@ impl LockBackend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
         let script = &self.scripts().await?.acquire;
         let name = request.name.as_str();
-        let args = vec![
+        let mut args = vec![
             request.owner.as_str().to_owned(),
             request.attempt.to_string(),
             millis(request.lease),
@@ -207,8 +207,8 @@ impl LockBackend for RedisBackend {
             if request.queue { "1" } else { "0" }.to_owned(),
             name.to_owned(),
             millis(RESEND_HORIZON),
-            self.fence_margin(),
         ];
+        args.extend(self.trailer(name));
         let reply = self.run_for_text(script, name, args).await?;
         parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))
     }
@@ -221,13 +221,13 @@ impl LockBackend for RedisBackend {
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
         let script = &self.scripts().await?.release;
-        let args = vec![
+        let mut args = vec![
             owner.as_str().to_owned(),
             token.to_string(),
             attempt.to_string(),
             millis(RESEND_HORIZON),
-            self.fence_margin(),
         ];
+        args.extend(self.trailer(name.as_str()));
         let reply = self.run_for_text(script, name.as_str(), args).await?;
         parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))
     }
@@ -240,12 +240,8 @@ impl LockBackend for RedisBackend {
         lease: Duration,
     ) -> Result<bool> {
         let script = &self.scripts().await?.extend;
-        let args = vec![
-            owner.as_str().to_owned(),
-            token.to_string(),
-            millis(lease),
-            self.fence_margin(),
-        ];
+        let mut args = vec![owner.as_str().to_owned(), token.to_string(), millis(lease)];
+        args.extend(self.trailer(name.as_str()));
         match self
             .run_for_text(script, name.as_str(), args)
             .await?
@@ -259,12 +255,12 @@ impl LockBackend for RedisBackend {
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
         let script = &self.scripts().await?.abandon;
-        let args = vec![
+        let mut args = vec![
             owner.as_str().to_owned(),
             attempt.to_string(),
             millis(RESEND_HORIZON),
-            self.fence_margin(),
         ];
+        args.extend(self.trailer(name.as_str()));
         match self
             .run_for_text(script, name.as_str(), args)
             .await?
@@ -281,11 +277,10 @@ impl LockBackend for RedisBackend {
             .run_for_text(
                 script,
                 name.as_str(),
-                vec![
-                    token.to_string(),
-                    millis(RESEND_HORIZON),
-                    self.fence_margin(),
-                ],
+                [token.to_string(), millis(RESEND_HORIZON)]
+                    .into_iter()
+                    .chain(self.trailer(name.as_str()))
+                    .collect(),
             )
             .await?
             .as_str()

@@ -2,14 +2,16 @@
 
 use sha2::{Digest, Sha256};
 
-/// The keys of one lock, in the order every script takes them (`KEYS[1..7]`).
+/// The keys of one lock, in the order every script takes them (`KEYS[1..6]`), and its wake-up
+/// channel (an `ARGV`, not a key: during a slot migration Redis counts every key it does not
+/// hold as missing and refuses the script with `TRYAGAIN`).
 ///
 /// All of them are `{prefix}{<tag>}:<suffix>`, so they share one Cluster hash slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockKeys {
     /// Hash: the hold (owner, token, levels, pending level).
     pub(crate) holder: String,
-    /// List: FIFO of waiter tickets.
+    /// Sorted set: FIFO of waiter tickets, each scored by its number.
     pub(crate) queue: String,
     /// Sorted set: live tickets by liveness deadline.
     pub(crate) deadlines: String,
@@ -20,7 +22,7 @@ pub(crate) struct LockKeys {
     /// Shard channel of wake-ups.
     pub(crate) channel: String,
     /// Sorted set: spent attempts (granted a level, released or abandoned), by when they are
-    /// forgotten. Last, so the channel keeps its place.
+    /// forgotten.
     pub(crate) spent: String,
 }
 
@@ -84,7 +86,6 @@ impl LockKeys {
             self.deadlines.clone(),
             self.waiters.clone(),
             self.fence.clone(),
-            self.channel.clone(),
             self.spent.clone(),
         ]
     }
@@ -136,8 +137,12 @@ mod tests {
         for name in names {
             let keys = LockKeys::new("fairlock:", name);
             assert!(seen.insert(keys.holder.clone()), "{name:?} shares keys");
-            let slots: std::collections::HashSet<u16> =
-                keys.as_vec().iter().map(|k| slot(k)).collect();
+            let slots: std::collections::HashSet<u16> = keys
+                .as_vec()
+                .iter()
+                .chain([&keys.channel])
+                .map(|k| slot(k))
+                .collect();
             assert_eq!(slots.len(), 1, "{name:?}: keys in several slots");
         }
     }

@@ -2,8 +2,10 @@
 //!
 //! Each lock has a channel: a shard channel (`SSUBSCRIBE`) where the server has sharded pub/sub,
 //! a classic one (`SUBSCRIBE`) on Redis 6.2; see [`crate::pubsub`]. Both kinds of message
-//! arrive on the subscriber's one message stream, named by their channel. The scripts publish `G <token> <attempt> <owner>` when they
-//! hand the lock to that attempt of `owner`, and `R <owner>` when `owner` should look again.
+//! arrive on the subscriber's one message stream, named by their channel. The scripts publish
+//! `G <token> <attempt> <owner>` when they hand the lock to that attempt of `owner`,
+//! `R <owner>` when `owner` should look again, and `A` when every waiter should (the lock is
+//! free but dead waiters in front are still being cleared).
 //! Locally, a channel maps to the watches of this process, by owner: every watch of the owner
 //! gets the message, and the core tells its attempts apart. The channel is subscribed while
 //! it has at least one local watch.
@@ -288,7 +290,7 @@ impl Dispatcher {
     }
 
     fn deliver(&self, channel: &str, payload: &str) {
-        let Some((owner, wake)) = parse(payload) else {
+        let Some((audience, wake)) = parse(payload) else {
             tracing::debug!(
                 channel,
                 payload,
@@ -297,11 +299,20 @@ impl Dispatcher {
             return;
         };
         let mut channels = self.channels();
-        if let Some(senders) = channels
-            .get_mut(channel)
-            .and_then(|entry| entry.senders.get_mut(owner))
-        {
-            senders.retain(|sender| sender.send(wake));
+        let Some(entry) = channels.get_mut(channel) else {
+            return;
+        };
+        match audience {
+            Audience::Owner(owner) => {
+                if let Some(senders) = entry.senders.get_mut(owner) {
+                    senders.retain(|sender| sender.send(wake));
+                }
+            }
+            Audience::Everyone => {
+                for senders in entry.senders.values_mut() {
+                    senders.retain(|sender| sender.send(wake));
+                }
+            }
         }
     }
 
@@ -378,9 +389,21 @@ impl Drop for Registration {
     }
 }
 
-/// `G <token> <attempt> <owner>` or `R <owner>`; owners may contain spaces, so the owner is
-/// the rest.
-fn parse(payload: &str) -> Option<(&str, Wake)> {
+/// Whom a message is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Audience<'a> {
+    /// Every watch of this owner.
+    Owner(&'a str),
+    /// Every watch on the channel.
+    Everyone,
+}
+
+/// `G <token> <attempt> <owner>`, `R <owner>` or `A` (every waiter); owners may contain spaces,
+/// so the owner is the rest.
+fn parse(payload: &str) -> Option<(Audience<'_>, Wake)> {
+    if payload == "A" {
+        return Some((Audience::Everyone, Wake::Recheck));
+    }
     let (kind, rest) = payload.split_once(' ')?;
     match kind {
         "G" => {
@@ -389,7 +412,7 @@ fn parse(payload: &str) -> Option<(&str, Wake)> {
             let token = token.parse().ok()?;
             let attempt = attempt.parse().ok()?;
             Some((
-                owner,
+                Audience::Owner(owner),
                 Wake::Granted {
                     attempt,
                     grant: Grant {
@@ -399,7 +422,7 @@ fn parse(payload: &str) -> Option<(&str, Wake)> {
                 },
             ))
         }
-        "R" => Some((rest, Wake::Recheck)),
+        "R" => Some((Audience::Owner(rest), Wake::Recheck)),
         _ => None,
     }
 }
@@ -415,7 +438,7 @@ mod tests {
         assert_eq!(
             parse(&format!("G 17 {attempt} job 42")),
             Some((
-                "job 42",
+                Audience::Owner("job 42"),
                 Wake::Granted {
                     attempt,
                     grant: Grant {
@@ -425,7 +448,12 @@ mod tests {
                 }
             ))
         );
-        assert_eq!(parse("R a b"), Some(("a b", Wake::Recheck)));
+        assert_eq!(
+            parse("R a b"),
+            Some((Audience::Owner("a b"), Wake::Recheck))
+        );
+        assert_eq!(parse("A"), Some((Audience::Everyone, Wake::Recheck)));
+        assert_eq!(parse("A x"), None);
         assert_eq!(parse(&format!("G x {attempt} owner")), None);
         assert_eq!(parse("G 17 not-an-attempt owner"), None);
         assert_eq!(parse("G 17 owner"), None);

@@ -746,15 +746,19 @@ fn script(operation: &str) -> String {
 }
 
 /// Runs a script of lock `tag` with `redis-cli EVAL`, as the backend would.
+/// Runs `operation`'s script with `args`, then the trailer every mutating script takes: the
+/// wake-up channel and a 10-minute fence margin.
 fn eval(server: &Server, tag: &str, operation: &str, args: &[&str]) -> String {
-    let keys: Vec<String> = ["h", "q", "z", "w", "f", "c", "x"]
+    let keys: Vec<String> = ["h", "q", "z", "w", "f", "x"]
         .iter()
         .map(|suffix| format!("fairlock:{{{tag}}}:{suffix}"))
         .collect();
+    let channel = format!("fairlock:{{{tag}}}:c");
     let body = script(operation);
-    let mut command = vec!["EVAL", body.as_str(), "7"];
+    let mut command = vec!["EVAL", body.as_str(), "6"];
     command.extend(keys.iter().map(String::as_str));
     command.extend_from_slice(args);
+    command.extend([channel.as_str(), "600000"]);
     server.cli(&command)
 }
 

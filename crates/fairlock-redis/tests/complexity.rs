@@ -6,8 +6,9 @@ mod common;
 
 /// The most commands one operation may run, whatever the queue length: about 10 to check the
 /// lock's keys before the first write and keep the ended-attempt records, the rest for the
-/// operation itself (around 30 for a release that hands over).
-const BUDGET: u64 = 40;
+/// operation itself (around 30 for a release that hands over, up to about 50 when it also
+/// evicts a full budget of dead waiters, in batches of a constant number of commands).
+const BUDGET: u64 = 56;
 
 use common::{name, owner, request, Server};
 use fairlock::backend::{AcquireOutcome, LockBackend};
@@ -103,4 +104,217 @@ async fn operations_do_not_walk_the_queue() {
     assert_eq!(state.holder.unwrap().owner, head);
     // All but the head (now holding) and the leaver, plus the newcomer.
     assert_eq!(state.waiters.len(), WAITERS - 1);
+}
+
+/// How many entries the lock's queue key stores, whatever its type.
+fn queue_entries(server: &Server, lock: &fairlock::LockName) -> u64 {
+    let key = format!("fairlock:{{{lock}}}:q");
+    let count = match server.cli(&["TYPE", &key]).as_str() {
+        "list" => server.cli(&["LLEN", &key]),
+        "zset" => server.cli(&["ZCARD", &key]),
+        _ => return 0,
+    };
+    count.parse().unwrap()
+}
+
+/// Joins `count` fresh waiters (concurrently, in chunks) with this liveness TTL; their requests.
+async fn join_many(
+    backend: &RedisBackend,
+    lock: &fairlock::LockName,
+    count: usize,
+    ttl: std::time::Duration,
+    tag: &str,
+) -> Vec<fairlock::backend::AcquireRequest> {
+    let requests: Vec<_> = (0..count)
+        .map(|i| {
+            let mut r = request(lock, &owner(&format!("{tag}{i}")), true);
+            r.waiter_ttl = ttl;
+            r
+        })
+        .collect();
+    for chunk in requests.chunks(64) {
+        let joins = chunk.iter().map(|r| backend.acquire(r));
+        for outcome in futures::future::join_all(joins).await {
+            assert!(matches!(outcome.unwrap(), AcquireOutcome::Queued { .. }));
+        }
+    }
+    requests
+}
+
+/// Waiters that join and give up behind a live head leave nothing for later calls to walk:
+/// the hand-over after them costs what it costs with an empty queue, and the queue stores
+/// only the live waiters. (With tombstones left in a list, the hand-over walked them all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_leave_cost_no_later_call() {
+    let server = Server::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let lock = name();
+    let holder = owner("holder");
+    let holding = request(&lock, &holder, true);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
+        panic!("the first acquire is granted");
+    };
+    let long = std::time::Duration::from_secs(600);
+    let head = join_many(&backend, &lock, 1, long, "head").await.remove(0);
+    const CHURN: usize = 3000;
+    let leavers = join_many(&backend, &lock, CHURN, long, "leaver").await;
+    for chunk in leavers.chunks(64) {
+        let leaves = chunk
+            .iter()
+            .map(|r| backend.abandon(&lock, &r.owner, r.attempt));
+        for left in futures::future::join_all(leaves).await {
+            left.unwrap();
+        }
+    }
+    let last = join_many(&backend, &lock, 1, long, "last").await.remove(0);
+    assert_eq!(
+        queue_entries(&server, &lock),
+        2,
+        "only live waiters are stored"
+    );
+
+    // The holder hands over to the head, which confirms and hands over to the last waiter.
+    let release = cost(
+        &server,
+        backend.release(&lock, &holder, grant.token, holding.attempt),
+    )
+    .await;
+    let AcquireOutcome::Granted(head_grant) = backend.acquire(&head).await.unwrap() else {
+        panic!("the head was handed the lock");
+    };
+    let second = cost(
+        &server,
+        backend.release(&lock, &head.owner, head_grant.token, head.attempt),
+    )
+    .await;
+    for (what, commands) in [("first release", release), ("second release", second)] {
+        println!("{what}: {commands} commands");
+        assert!(
+            commands <= BUDGET,
+            "{what} ran {commands} commands after {CHURN} waiters left"
+        );
+    }
+    let state = backend.inspect(&lock).await.unwrap();
+    assert_eq!(state.holder.unwrap().owner, last.owner.as_str());
+}
+
+/// Waiters that die together (their liveness deadline passes) are evicted a bounded number
+/// per call: no call walks them all, the live waiter behind them still gets the lock after a
+/// bounded number of its own calls, and they are all gone from storage afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_die_together_cost_no_single_call_much() {
+    let server = Server::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let lock = name();
+    let holder = owner("holder");
+    let holding = request(&lock, &holder, true);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
+        panic!("the first acquire is granted");
+    };
+    const DEAD: usize = 3000;
+    let ttl = std::time::Duration::from_secs(2);
+    join_many(&backend, &lock, DEAD, ttl, "doomed").await;
+    let survivor = join_many(
+        &backend,
+        &lock,
+        1,
+        std::time::Duration::from_secs(600),
+        "live",
+    )
+    .await
+    .remove(0);
+    // The last of them joined before the survivor: all are dead after one TTL from now.
+    tokio::time::sleep(ttl + std::time::Duration::from_millis(100)).await;
+
+    let release = cost(
+        &server,
+        backend.release(&lock, &holder, grant.token, holding.attempt),
+    )
+    .await;
+    println!("release: {release} commands");
+    assert!(
+        release <= BUDGET,
+        "release ran {release} commands over {DEAD} dead waiters"
+    );
+    // The survivor asks (as the wake-up, its retry hint or its heartbeat would make it) until
+    // it holds; each call is bounded, and together they evict the dead.
+    let mut calls = 0;
+    let mut worst = 0;
+    loop {
+        calls += 1;
+        assert!(calls <= 200, "the survivor still waits after {calls} calls");
+        let mut outcome = None;
+        let commands = cost(&server, async {
+            outcome = Some(backend.acquire(&survivor).await.unwrap());
+        })
+        .await;
+        worst = worst.max(commands);
+        if matches!(outcome, Some(AcquireOutcome::Granted(_))) {
+            break;
+        }
+    }
+    println!("survivor: held after {calls} calls, at most {worst} commands each");
+    assert!(worst <= BUDGET, "a call ran {worst} commands");
+    assert_eq!(queue_entries(&server, &lock), 0, "dead waiters are gone");
+}
+
+/// Live waiters behind more dead ones than one call clears still get the lock at wake-up
+/// speed, in their order: the release that cannot reach them tells every waiter to look
+/// again, and their own calls clear the dead in bounded steps. (Their heartbeat is 20 s away.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_waiters_behind_dead_ones_are_served_in_order_at_once() {
+    use fairlock::{LockClient, LockOptions};
+    use std::time::{Duration, Instant};
+
+    let server = Server::start();
+    let backend = std::sync::Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let lock = name();
+    let options = LockOptions {
+        waiter_ttl: Duration::from_secs(60),
+        ..LockOptions::default()
+    };
+    let client = LockClient::from_arc(backend.clone())
+        .with_options(options)
+        .unwrap();
+    let held = client
+        .fair_lock(lock.as_str())
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+
+    const DEAD: usize = 2000;
+    let ttl = Duration::from_secs(2);
+    join_many(&backend, &lock, DEAD, ttl, "doomed").await;
+    let (order, mut served) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let waiter = client.fair_lock(lock.as_str()).unwrap();
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = waiter.lock().await.unwrap();
+            order.send(i).unwrap();
+            guard.unlock().await.unwrap();
+        }));
+        // Queued in this order.
+        while backend.inspect(&lock).await.unwrap().waiters.len() < DEAD + i + 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    assert_eq!(backend.inspect(&lock).await.unwrap().waiters.len(), 2);
+
+    let released = Instant::now();
+    held.unlock().await.unwrap();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the live waiters get the lock long before a heartbeat")
+            .unwrap();
+    }
+    let took = released.elapsed();
+    assert_eq!(served.recv().await, Some(0));
+    assert_eq!(served.recv().await, Some(1));
+    println!("both served {took:?} after the release");
+    assert_eq!(queue_entries(&server, &lock), 0, "dead waiters are gone");
 }

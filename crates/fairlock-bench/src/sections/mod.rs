@@ -5,6 +5,7 @@ use fairlock::BoxError;
 use crate::bench::Bench;
 use crate::report::Section;
 
+pub(crate) mod churn;
 pub(crate) mod fairness;
 pub(crate) mod handoff;
 pub(crate) mod limit;
@@ -31,19 +32,22 @@ pub(crate) enum SectionKey {
     ManyLocks,
     /// Connections, memory and keys with 10,000 waiters.
     Resources,
+    /// The slowest script call under queue churn; keys of idle locks.
+    Churn,
 }
 
 impl SectionKey {
     /// The sections run after the limit, in order. Resources goes first: it measures the
     /// client's memory growth per waiter, which memory freed by the queue section's 10,000
     /// waiters would otherwise hide (the allocator reuses it, so RSS does not grow).
-    pub(crate) const ALL_MEASURED: [SectionKey; 6] = [
+    pub(crate) const ALL_MEASURED: [SectionKey; 7] = [
         SectionKey::Resources,
         SectionKey::Uncontended,
         SectionKey::Handoff,
         SectionKey::Fairness,
         SectionKey::Queue,
         SectionKey::ManyLocks,
+        SectionKey::Churn,
     ];
 }
 
@@ -57,5 +61,6 @@ pub(crate) async fn run(key: SectionKey, bench: &Bench) -> Result<Section, BoxEr
         SectionKey::Queue => queue::run(bench).await,
         SectionKey::ManyLocks => many_locks::run(bench).await,
         SectionKey::Resources => resources::run(bench).await,
+        SectionKey::Churn => churn::run(bench).await,
     }
 }

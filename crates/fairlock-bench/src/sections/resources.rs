@@ -274,7 +274,7 @@ async fn client_memory_per_backend(bench: &Bench) -> Result<f64, BoxError> {
     for _ in 0..BACKENDS {
         backends.push(
             bench
-                .backend_with(crate::connect::Options { pool_size: None })
+                .backend_with(crate::connect::Options::default())
                 .await?,
         );
     }

@@ -1,0 +1,355 @@
+//! Section 8, churn: the slowest single script call while a lock's queue churns, which is the
+//! time the whole Redis node is blocked by fairlock (every other client waits meanwhile), and
+//! the keys an idle lock leaves once its fence margin has passed.
+//!
+//! - Join-and-leave: behind a live head waiter, 200,000 owners join and give up; one live
+//!   waiter joins behind them; then the holder hands over to the head and the head to the last.
+//! - Simultaneous deaths: 100,000 waiters join with one liveness TTL and die together (their
+//!   process crashed); one live waiter joins behind them; then the holder releases and the live
+//!   waiter asks until it holds, as its wake-up makes it.
+//!
+//! Script time is read from `SLOWLOG`, which Redis fills with whole `EVALSHA` calls (the
+//! commands a script runs are not logged apart). During the churn the threshold is 100 µs (so
+//! the log never overflows); around the hand-overs it is 0, so every call is timed.
+
+use std::time::{Duration, Instant};
+
+use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId};
+use fairlock::{BoxError, LockBackend, LockClient, LockName, Owner};
+use fred::prelude::ClientLike;
+use fred::types::{CustomCommand, Value};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::bench::Bench;
+use crate::connect;
+use crate::report::{Figure, Section};
+
+const CONCURRENCY: usize = 64;
+const LONG: Duration = Duration::from_secs(600);
+/// Calls slower than this are logged during the churn itself.
+const CHURN_THRESHOLD_US: u64 = 100;
+/// The target for the slowest call.
+const TARGET_US: f64 = 1_000.0;
+
+pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
+    let leavers = bench.scale(200_000, 20_000);
+    let deaths = bench.scale(100_000, 10_000);
+    let idle_names = bench.scale(10_000, 1_000);
+    let backend = bench.backend().await?;
+
+    let join_and_leave = join_and_leave(bench, backend.as_ref(), leavers).await?;
+    let deaths_run = simultaneous_deaths(bench, backend.as_ref(), deaths).await?;
+    let (idle_left, margin) = idle_names_left(bench, idle_names).await?;
+
+    let mut section = Section::new(
+        "churn",
+        "Script time under queue churn, and keys of idle locks",
+    );
+    for (what, churn) in [
+        (format!("{leavers} join-and-leave"), &join_and_leave),
+        (format!("{deaths} simultaneous waiter deaths"), &deaths_run),
+    ] {
+        section.push(
+            Figure::new(
+                format!("slowest script call, {what}"),
+                churn.slowest_us,
+                "µs",
+            )
+            .target("<= 1 ms", churn.slowest_us <= TARGET_US),
+        );
+    }
+    section.push(Figure::new(
+        format!("{deaths} simultaneous waiter deaths: the live waiter behind them holds after"),
+        deaths_run.served.as_secs_f64() * 1e3,
+        "ms",
+    ));
+    section.push(
+        Figure::new(
+            format!("keys left after {idle_names} lock names were used and left idle past the fence margin"),
+            idle_left as f64,
+            "",
+        )
+        .target("0", idle_left == 0),
+    );
+    section.note(format!(
+        "join-and-leave: {leavers} owners join behind a live head and abandon, {CONCURRENCY} at a \
+         time ({:.1} s), {} calls of the churn took over {CHURN_THRESHOLD_US} µs; then the \
+         hand-overs to the head and to the waiter behind the churn, every call timed. Deaths: \
+         {deaths} waiters with one TTL joined in {:.1} s and were left to expire; the release \
+         and the live waiter's calls until it held ({} calls) were each timed. Idle names: each \
+         of {idle_names} names locked and unlocked once with a fence margin of {} ms, then left \
+         for the margin; `SCAN` counts what is left under their prefix.",
+        join_and_leave.churn_took.as_secs_f64(),
+        join_and_leave.slow_churn_calls,
+        deaths_run.churn_took.as_secs_f64(),
+        deaths_run.calls,
+        margin.as_millis(),
+    ));
+    Ok(section)
+}
+
+struct Churn {
+    slowest_us: f64,
+    churn_took: Duration,
+    slow_churn_calls: usize,
+    served: Duration,
+    calls: usize,
+}
+
+fn request(name: &LockName, owner: &str, waiter_ttl: Duration) -> Result<AcquireRequest, BoxError> {
+    Ok(AcquireRequest {
+        name: name.clone(),
+        owner: Owner::new(owner)?,
+        attempt: AttemptId::random(),
+        lease: LONG,
+        waiter_ttl,
+        queue: true,
+    })
+}
+
+async fn granted(backend: &dyn LockBackend, request: &AcquireRequest) -> Result<u64, BoxError> {
+    match backend.acquire(request).await? {
+        AcquireOutcome::Granted(grant) => Ok(grant.token),
+        other => Err(format!("{}: expected a grant, got {other:?}", request.owner).into()),
+    }
+}
+
+async fn queued(backend: &dyn LockBackend, request: &AcquireRequest) -> Result<(), BoxError> {
+    match backend.acquire(request).await? {
+        AcquireOutcome::Queued { .. } => Ok(()),
+        other => Err(format!("{}: expected to queue, got {other:?}", request.owner).into()),
+    }
+}
+
+async fn join_and_leave(
+    bench: &Bench,
+    backend: &dyn LockBackend,
+    leavers: usize,
+) -> Result<Churn, BoxError> {
+    let name = LockName::new(bench.lock_name("churn-leave"))?;
+    let holder = request(&name, "holder", LONG)?;
+    let token = granted(backend, &holder).await?;
+    let head = request(&name, "head", LONG)?;
+    queued(backend, &head).await?;
+
+    slowlog_reset(bench, CHURN_THRESHOLD_US).await?;
+    let started = Instant::now();
+    futures::stream::iter(0..leavers)
+        .map(|i| {
+            let name = &name;
+            async move {
+                let leaver = request(name, &format!("leaver-{i}"), LONG)?;
+                queued(backend, &leaver).await?;
+                backend.abandon(name, &leaver.owner, leaver.attempt).await?;
+                Ok::<_, BoxError>(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<()>()
+        .await?;
+    let churn_took = started.elapsed();
+    let last = request(&name, "last", LONG)?;
+    queued(backend, &last).await?;
+    let churn_slow = slowlog_durations(bench).await?;
+
+    slowlog_reset(bench, 0).await?;
+    let served_from = Instant::now();
+    backend
+        .release(&name, &holder.owner, token, holder.attempt)
+        .await?;
+    let head_token = granted(backend, &head).await?;
+    backend
+        .release(&name, &head.owner, head_token, head.attempt)
+        .await?;
+    let last_token = granted(backend, &last).await?;
+    let served = served_from.elapsed();
+    let timed = slowlog_durations(bench).await?;
+    backend
+        .release(&name, &last.owner, last_token, last.attempt)
+        .await?;
+    Ok(Churn {
+        slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
+        churn_took,
+        slow_churn_calls: churn_slow.len(),
+        served,
+        calls: 4,
+    })
+}
+
+async fn simultaneous_deaths(
+    bench: &Bench,
+    backend: &dyn LockBackend,
+    deaths: usize,
+) -> Result<Churn, BoxError> {
+    let name = LockName::new(bench.lock_name("churn-deaths"))?;
+    let holder = request(&name, "holder", LONG)?;
+    let token = granted(backend, &holder).await?;
+    // Long enough to queue them all, so they die together afterwards.
+    let ttl = bench.scale(Duration::from_secs(30), Duration::from_secs(8));
+
+    slowlog_reset(bench, CHURN_THRESHOLD_US).await?;
+    let started = Instant::now();
+    futures::stream::iter(0..deaths)
+        .map(|i| {
+            let name = &name;
+            async move { queued(backend, &request(name, &format!("doomed-{i}"), ttl)?).await }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<()>()
+        .await?;
+    let churn_took = started.elapsed();
+    if churn_took >= ttl {
+        return Err(
+            format!("queueing {deaths} waiters took {churn_took:?}, over their TTL").into(),
+        );
+    }
+    let survivor = request(&name, "survivor", LONG)?;
+    queued(backend, &survivor).await?;
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let churn_slow = slowlog_durations(bench).await?;
+
+    slowlog_reset(bench, 0).await?;
+    let served_from = Instant::now();
+    backend
+        .release(&name, &holder.owner, token, holder.attempt)
+        .await?;
+    let mut calls = 1;
+    let survivor_token = loop {
+        calls += 1;
+        match backend.acquire(&survivor).await? {
+            AcquireOutcome::Granted(grant) => break grant.token,
+            AcquireOutcome::Queued { .. } if calls < 100_000 => {}
+            other => return Err(format!("the survivor was not served: {other:?}").into()),
+        }
+    };
+    let served = served_from.elapsed();
+    let timed = slowlog_durations(bench).await?;
+    backend
+        .release(&name, &survivor.owner, survivor_token, survivor.attempt)
+        .await?;
+    Ok(Churn {
+        slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
+        churn_took,
+        slow_churn_calls: churn_slow.len(),
+        served,
+        calls,
+    })
+}
+
+/// Locks and unlocks `names` distinct locks once each through a backend with a short fence
+/// margin, waits out the margin, and counts the keys left under their prefix.
+async fn idle_names_left(bench: &Bench, names: usize) -> Result<(usize, Duration), BoxError> {
+    let margin = Duration::from_secs(2);
+    let backend = connect::backend(
+        &bench.url,
+        connect::Options {
+            pool_size: Some(bench.config.pool_size),
+            fence_margin: Some(margin),
+        },
+    )
+    .await?;
+    let client = LockClient::from_arc(backend);
+    let prefix = bench.lock_name("idle-");
+    futures::stream::iter(0..names)
+        .map(|i| {
+            let client = &client;
+            let name = format!("{prefix}{i}");
+            async move {
+                client.fair_lock(&name)?.lock().await?.unlock().await?;
+                Ok::<_, BoxError>(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<()>()
+        .await?;
+    // The fence outlives the lock by the margin; spent-attempt records by the resend horizon.
+    let wait = margin.max(fairlock::backend::RESEND_HORIZON) + Duration::from_secs(1);
+    tokio::time::sleep(wait).await;
+    let pattern = format!("*{{{prefix}*");
+    let mut left = 0;
+    let mut cursor = "0".to_string();
+    loop {
+        let page: Vec<Value> = bench
+            .admin
+            .custom(
+                CustomCommand::new_static("SCAN", None::<u16>, false),
+                vec![cursor.as_str(), "MATCH", pattern.as_str(), "COUNT", "1000"],
+            )
+            .await?;
+        let [next, batch] = <[Value; 2]>::try_from(page).map_err(|_| "SCAN: unexpected reply")?;
+        left += batch.convert::<Vec<String>>()?.len();
+        cursor = next.convert()?;
+        if cursor == "0" {
+            return Ok((left, margin));
+        }
+    }
+}
+
+/// Empties the slow log and logs calls from `threshold_us` on.
+async fn slowlog_reset(bench: &Bench, threshold_us: u64) -> Result<(), BoxError> {
+    let threshold = threshold_us.to_string();
+    let _: Value = bench
+        .admin
+        .custom(
+            CustomCommand::new_static("CONFIG", None::<u16>, false),
+            vec!["SET", "slowlog-log-slower-than", threshold.as_str()],
+        )
+        .await?;
+    let _: Value = bench
+        .admin
+        .custom(
+            CustomCommand::new_static("CONFIG", None::<u16>, false),
+            vec!["SET", "slowlog-max-len", "100000"],
+        )
+        .await?;
+    let _: Value = bench
+        .admin
+        .custom(
+            CustomCommand::new_static("SLOWLOG", None::<u16>, false),
+            vec!["RESET"],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The durations (µs) of the script calls in the slow log.
+async fn slowlog_durations(bench: &Bench) -> Result<Vec<u64>, BoxError> {
+    let entries: Vec<Value> = bench
+        .admin
+        .custom(
+            CustomCommand::new_static("SLOWLOG", None::<u16>, false),
+            vec!["GET", "-1"],
+        )
+        .await?;
+    let mut durations = Vec::new();
+    for entry in entries {
+        // [id, timestamp, duration µs, [command, args...], client, name]
+        let Value::Array(fields) = entry else {
+            return Err("SLOWLOG GET: unexpected entry".into());
+        };
+        let duration: u64 = fields
+            .get(2)
+            .cloned()
+            .ok_or("SLOWLOG GET: entry without a duration")?
+            .convert()?;
+        let command = match fields.get(3) {
+            Some(Value::Array(words)) => words
+                .first()
+                .and_then(Value::as_string)
+                .unwrap_or_default()
+                .to_ascii_uppercase(),
+            _ => String::new(),
+        };
+        if command.starts_with("EVAL") {
+            durations.push(duration);
+        }
+    }
+    let _: Value = bench
+        .admin
+        .custom(
+            CustomCommand::new_static("CONFIG", None::<u16>, false),
+            vec!["SET", "slowlog-log-slower-than", "10000"],
+        )
+        .await?;
+    Ok(durations)
+}
