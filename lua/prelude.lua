@@ -39,9 +39,30 @@
 -- touches and the stored values it relies on (check_types, read_hold, read_fence) before its
 -- first write; nothing after that can fail on stored data.
 
+-- The six keys come first in ARGV, and KEYS is empty (see crates/fairlock-redis/src/scripts.rs:
+-- a declared key that is missing during a Cluster slot migration draws an ASK redirection,
+-- which fred does not follow correctly). The script is sent to the node that serves the
+-- keys' slot; the probe below refuses it anywhere else. Below, KEYS and ARGV are the keys and
+-- the operation's arguments, as if the keys had been declared.
+local KEYS = { ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6] }
+local ARGV = { unpack(ARGV, 7) }
 local H, Q, Z, W, F, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 -- Mutating scripts end their ARGV with: channel, fence margin (ms).
 local C = ARGV[#ARGV - 1]
+
+-- Redis Cluster refuses any command of a script on a key of a slot the node does not serve,
+-- and, on the node a slot is migrating away from, on a key it does not hold (moved already,
+-- or deleted by this very script), with an error that stops the script halfway; Redis would
+-- not roll back its writes. So first touch a key of the lock's slot that never exists: it
+-- fails exactly in those cases, and the script refuses with TRYAGAIN before any write (the
+-- backend refreshes its slot map and retries). Elsewhere it is a cheap EXISTS of a missing
+-- key.
+do
+  local probe = redis.pcall('EXISTS', H .. '~')
+  if type(probe) == 'table' and probe.err then
+    return redis.error_reply('TRYAGAIN fairlock: this node does not hold the lock\'s slot now')
+  end
+end
 
 -- The server's clock is the only clock: the client sends durations.
 local clock = redis.call('TIME')

@@ -130,10 +130,14 @@ impl RedisBackend {
         fence_margin: std::time::Duration,
     ) -> RedisBackend {
         let pubsub = Detection::start(pool.clone());
+        let dispatcher = Dispatcher::start(subscriber, linger, pubsub.clone());
+        if pool.next().is_clustered() {
+            dispatcher.follow_topology(pool.clients());
+        }
         RedisBackend {
             inner: Arc::new(Inner {
                 pool,
-                dispatcher: Dispatcher::start(subscriber, linger, pubsub.clone()),
+                dispatcher,
                 pubsub,
                 sharded_scripts: Scripts::new(PubsubMode::Sharded),
                 classic_scripts: Scripts::new(PubsubMode::Classic),

@@ -5,11 +5,17 @@
 //! line is `local PUBLISH = 'SPUBLISH'` (sharded pub/sub) or `local PUBLISH = 'PUBLISH'`
 //! (classic, for Redis 6.2), and the prelude's `publish()` calls it.
 
+use std::time::Duration;
+
 use fred::clients::Client;
-use fred::interfaces::LuaInterface;
-use fred::types::Value;
+use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::pubsub::PubsubMode;
+
+/// How long a script refused with `TRYAGAIN` (a Cluster slot migration in progress) is tried
+/// again before the error goes up.
+pub(crate) const TRYAGAIN_PATIENCE: Duration = Duration::from_secs(2);
 
 /// One operation's script: the publishing line, the shared prelude, then the operation.
 #[derive(Debug)]
@@ -97,22 +103,75 @@ impl Script {
         }
     }
 
-    /// Runs the script by SHA. When the server does not know it (a `SCRIPT FLUSH`, a restart,
-    /// a failover to a node that never saw it) the `NOSCRIPT` error means it did not run, so
-    /// running the body with `EVAL` is safe, and caches it for the next `EVALSHA`.
+    /// Runs the script by SHA on the node that serves the lock's slot, and again while the
+    /// cluster moves that slot.
+    ///
+    /// The keys go in `ARGV` ahead of the arguments and no key is declared: during a slot
+    /// migration Redis answers a script whose declared keys are all missing on the old node
+    /// with an `ASK` redirection, and fred 10.1 sends the redirected command back to the old
+    /// node until its attempts run out, then tears down the client's connections. Undeclared,
+    /// the script goes where fred's slot map says (`ClusterHash::Custom`), and its first
+    /// command refuses with `TRYAGAIN` on a node that does not hold the slot (see
+    /// `lua/prelude.lua`): the slot moved, or is moving. That reply means nothing ran, so the
+    /// slot map is refreshed and the call retried with a short, growing pause for up to
+    /// [`TRYAGAIN_PATIENCE`]; after that the error goes up as `Unavailable`, which the core
+    /// rides out like any outage.
     pub(crate) async fn run(
         &self,
         client: &Client,
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value, fred::error::Error> {
-        match client.evalsha(&self.sha, keys.clone(), args.clone()).await {
+        let slot = fred::util::redis_keyslot(keys[0].as_bytes());
+        let mut argv = keys;
+        argv.extend(args);
+        let started = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match self.run_once(client, slot, &argv).await {
+                Err(error)
+                    if error.details().starts_with("TRYAGAIN")
+                        && started.elapsed() + pause < TRYAGAIN_PATIENCE =>
+                {
+                    tracing::debug!(script = self.name, %error, "slot moving; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                    if client.is_clustered() {
+                        // Failing to refresh leaves the old map: the retry says again.
+                        let _ = client.sync_cluster().await;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs the script by SHA once. When the server does not know it (a `SCRIPT FLUSH`, a
+    /// restart, a failover to a node that never saw it) the `NOSCRIPT` error means it did not
+    /// run, so running the body with `EVAL` is safe, and caches it for the next `EVALSHA`.
+    async fn run_once(
+        &self,
+        client: &Client,
+        slot: u16,
+        argv: &[String],
+    ) -> Result<Value, fred::error::Error> {
+        let call = |command: &'static str, script: &str| {
+            let mut words = Vec::with_capacity(argv.len() + 2);
+            words.push(script.to_owned());
+            words.push("0".to_owned());
+            words.extend(argv.iter().cloned());
+            client.custom::<Value, String>(
+                CustomCommand::new_static(command, ClusterHash::Custom(slot), false),
+                words,
+            )
+        };
+        match call("EVALSHA", &self.sha).await {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
                 tracing::debug!(
                     script = self.name,
                     "script not cached on the server; sending it"
                 );
-                client.eval(self.body, keys, args).await
+                call("EVAL", self.body).await
             }
             other => other,
         }

@@ -11,18 +11,23 @@
 //! it has at least one local watch.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use fairlock::backend::{Grant, Wake, WakeSender, Watch};
 use fred::clients::SubscriberClient;
-use fred::interfaces::{EventInterface, PubsubInterface};
+use fred::interfaces::{ClusterInterface, EventInterface, PubsubInterface};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::pubsub::{Detection, PubsubMode};
 
 /// How long a channel stays subscribed after its last watch, unless configured.
 pub(crate) const DEFAULT_LINGER: Duration = Duration::from_secs(2);
+
+/// How often a process with waiters on a Cluster re-reads the slot map, to follow shard
+/// channels that moved with their slot.
+const TOPOLOGY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How many rounds [`Dispatcher::resubscribe`] tries before leaving the rest to heartbeats.
 const RESUBSCRIBE_TRIES: usize = 8;
@@ -39,6 +44,27 @@ pub(crate) struct Dispatcher {
     pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
     linger: Duration,
+    /// Cluster topology changes seen, and the last one resubscribed after; the lock makes one
+    /// resubscription run at a time, so a burst of changes costs one or two runs.
+    topology_changes: AtomicU64,
+    resynced: AtomicU64,
+    resync: tokio::sync::Mutex<()>,
+    /// The slot map the subscriptions last followed.
+    known_slots: Mutex<Option<SlotMap>>,
+}
+
+/// Which primary serves which slots, as a client last read it.
+type SlotMap = Vec<(u16, u16, String)>;
+
+fn slot_map(client: &impl ClusterInterface) -> Option<SlotMap> {
+    let state = client.cached_cluster_state()?;
+    Some(
+        state
+            .slots()
+            .iter()
+            .map(|range| (range.start, range.end, range.primary.to_string()))
+            .collect(),
+    )
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +97,10 @@ impl Dispatcher {
             pubsub,
             channels: Mutex::new(HashMap::new()),
             linger,
+            topology_changes: AtomicU64::new(0),
+            resynced: AtomicU64::new(0),
+            resync: tokio::sync::Mutex::new(()),
+            known_slots: Mutex::new(None),
         });
         let mut messages = dispatcher.subscriber.message_rx();
         let weak = Arc::downgrade(&dispatcher);
@@ -115,15 +145,109 @@ impl Dispatcher {
                 match received {
                     Ok(_) | Err(RecvError::Lagged(_)) => {
                         // Messages sent while we were away are lost: have every waiter look
-                        // at its lock, and subscribe our channels again.
+                        // at its lock, and subscribe our channels again; then once more, for
+                        // what was published while resubscribing.
                         dispatcher.recheck_all();
                         dispatcher.resubscribe().await;
+                        dispatcher.recheck_all();
                     }
                     Err(RecvError::Closed) => return,
                 }
             }
         });
         dispatcher
+    }
+
+    /// Follows the Cluster's topology as the clients in `clients` learn it (each `MOVED`
+    /// makes fred re-read the slots and report a change): when a slot moves to another node,
+    /// that node's shard channels move with it, and the old node unsubscribes us with a
+    /// `sunsubscribe` push that fred drops, so fred still believes us subscribed. After any
+    /// change, every channel with watches is subscribed again (`SSUBSCRIBE` is idempotent, and
+    /// fred follows the `MOVED` a stale route gets), then every waiter looks at its lock for
+    /// what it may have missed. Classic channels are not bound to slots: nothing to do there.
+    pub(crate) fn follow_topology<'c>(
+        self: &Arc<Self>,
+        clients: impl IntoIterator<Item = &'c fred::clients::Client>,
+    ) {
+        for client in clients {
+            let mut known = self.known_slots.lock().unwrap_or_else(|e| e.into_inner());
+            if known.is_none() {
+                *known = slot_map(client);
+            }
+            drop(known);
+            let mut changes = client.cluster_change_rx();
+            let client = client.clone();
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                loop {
+                    let received = changes.recv().await;
+                    let Some(dispatcher) = weak.upgrade() else {
+                        return;
+                    };
+                    match received {
+                        Ok(_) | Err(RecvError::Lagged(_)) => {
+                            dispatcher.topology_changed(slot_map(&client)).await;
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            });
+        }
+        self.check_topology_periodically();
+    }
+
+    /// Re-reads the slot map every [`TOPOLOGY_CHECK_INTERVAL`] while this process has
+    /// watches: a process whose waiters only wait issues no command that could meet the
+    /// move, and the server's `sunsubscribe` push is dropped by fred, so without this its
+    /// waiters would hear nothing until their next heartbeat.
+    fn check_topology_periodically(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(TOPOLOGY_CHECK_INTERVAL).await;
+                let Some(dispatcher) = weak.upgrade() else {
+                    return;
+                };
+                let watched = dispatcher
+                    .channels()
+                    .values()
+                    .any(|entry| entry.watches > 0);
+                if !watched || dispatcher.pubsub.known() != Some(PubsubMode::Sharded) {
+                    continue;
+                }
+                if dispatcher.subscriber.sync_cluster().await.is_ok() {
+                    let slots = slot_map(&dispatcher.subscriber);
+                    dispatcher.topology_changed(slots).await;
+                }
+            }
+        });
+    }
+
+    /// A client re-read the cluster's slots (fred reports every re-read, changed or not).
+    async fn topology_changed(&self, slots: Option<SlotMap>) {
+        if self.pubsub.known() != Some(PubsubMode::Sharded) {
+            return;
+        }
+        {
+            let mut known = self.known_slots.lock().unwrap_or_else(|e| e.into_inner());
+            if slots.is_none() || *known == slots {
+                return;
+            }
+            *known = slots;
+        }
+        let seen = self.topology_changes.fetch_add(1, Ordering::SeqCst) + 1;
+        let _running = self.resync.lock().await;
+        if self.resynced.load(Ordering::SeqCst) >= seen {
+            // A run that started after this change already covered it.
+            return;
+        }
+        let covers = self.topology_changes.load(Ordering::SeqCst);
+        tracing::debug!("fairlock-redis: cluster slots moved; subscribing again");
+        // The subscriber's own map may be older; a stale route would cost a MOVED round.
+        let _ = self.subscriber.sync_cluster().await;
+        self.resubscribe().await;
+        self.recheck_all();
+        self.resynced.store(covers, Ordering::SeqCst);
     }
 
     /// Subscribes again, one by one, every channel this process has watches on, after the

@@ -755,7 +755,8 @@ fn eval(server: &Server, tag: &str, operation: &str, args: &[&str]) -> String {
         .collect();
     let channel = format!("fairlock:{{{tag}}}:c");
     let body = script(operation);
-    let mut command = vec!["EVAL", body.as_str(), "6"];
+    // The keys lead ARGV (see `lua/prelude.lua`).
+    let mut command = vec!["EVAL", body.as_str(), "0"];
     command.extend(keys.iter().map(String::as_str));
     command.extend_from_slice(args);
     command.extend([channel.as_str(), "600000"]);

@@ -118,3 +118,124 @@ async fn a_node_restart_loses_its_locks_but_not_token_order() {
         .unwrap();
     assert_eq!(released, ReleaseOutcome::NotHeld);
 }
+
+/// One hold as a contender saw it.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    token: u64,
+    acquired: std::time::Instant,
+    released: std::time::Instant,
+}
+
+/// A busy lock whose slot moves to another node while contenders in two processes (two
+/// backends, each with its own subscriber) keep taking it: no error reaches `lock()`,
+/// `unlock()` or the watchdog's renewals, no two holds overlap, and soon after the move
+/// hand-overs are back at wake-up speed (the old node unsubscribed every process from the
+/// lock's channel; a process that has not noticed waits for a heartbeat, 10 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_lock_survives_the_migration_of_its_slot() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use fairlock::{LockClient, LockOptions};
+
+    let cluster = Arc::new(common::cluster());
+    let lock = common::name();
+    let slot: u16 = cluster
+        .cli(
+            0,
+            &["CLUSTER", "KEYSLOT", &format!("fairlock:{{{lock}}}:h")],
+        )
+        .unwrap()
+        .parse()
+        .unwrap();
+    let from = cluster.node_for_slot(slot).unwrap();
+    let to = (from + 1) % 3;
+    let options = LockOptions {
+        watchdog_lease: Duration::from_secs(3),
+        waiter_ttl: Duration::from_secs(30),
+        ..LockOptions::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let holds = Arc::new(Mutex::new(Vec::<Held>::new()));
+    let mut contenders = Vec::new();
+    for _process in 0..2 {
+        let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
+        let client = LockClient::new(backend)
+            .with_options(options.clone())
+            .unwrap();
+        for _ in 0..2 {
+            let lock = client.fair_lock(lock.as_str()).unwrap();
+            let (stop, holds) = (stop.clone(), holds.clone());
+            contenders.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = lock.lock().await?;
+                    let acquired = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    assert!(!guard.is_lease_lost(), "the lease was lost");
+                    let token = guard.fencing_token();
+                    let released = Instant::now();
+                    guard.unlock().await?;
+                    holds.lock().unwrap().push(Held {
+                        token,
+                        acquired,
+                        released,
+                    });
+                }
+                Ok::<_, fairlock::Error>(())
+            }));
+        }
+    }
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let moving = cluster.clone();
+    tokio::task::spawn_blocking(move || moving.migrate_slot(slot, to, Duration::from_millis(1500)))
+        .await
+        .unwrap()
+        .expect("the slot moves");
+    assert_eq!(cluster.node_for_slot(slot).unwrap(), to);
+    let moved = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    for contender in contenders {
+        contender
+            .await
+            .unwrap()
+            .expect("no error reaches the contenders");
+    }
+
+    let mut holds = holds.lock().unwrap().clone();
+    holds.sort_by_key(|held| held.acquired);
+
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].acquired >= pair[0].released,
+            "two holds overlap: {pair:?}"
+        );
+        assert!(pair[1].token > pair[0].token, "tokens went back: {pair:?}");
+    }
+    // After the move, and the moment a process takes to notice it (it re-reads the slot map
+    // every second while it has waiters), hand-overs are wake-ups again, not re-checks.
+    let settled = moved + Duration::from_millis(1500);
+    let gaps: Vec<Duration> = holds
+        .windows(2)
+        .filter(|pair| pair[0].released >= settled)
+        .map(|pair| pair[1].acquired - pair[0].released)
+        .collect();
+    let slowest = gaps.iter().max().copied().unwrap_or_default();
+    println!(
+        "{} holds, {} after the move; slowest hand-over after it {slowest:?}",
+        holds.len(),
+        gaps.len()
+    );
+    assert!(
+        gaps.len() >= 20,
+        "too few hand-overs after the move: {}",
+        gaps.len()
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a hand-over after the move took {slowest:?}: a wake-up was lost"
+    );
+}

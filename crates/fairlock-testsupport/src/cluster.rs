@@ -277,6 +277,75 @@ impl RedisCluster {
     }
 }
 
+impl RedisCluster {
+    /// Node `index`'s cluster node id.
+    pub fn node_id(&self, index: usize) -> io::Result<String> {
+        self.cli(index, &["CLUSTER", "MYID"])
+    }
+
+    /// Moves hash slot `slot` to node `to` the way `redis-cli --cluster reshard` does: marks
+    /// it importing on `to` and migrating on its owner, moves its keys with `MIGRATE` (again
+    /// and again, for at least `open_for`, so clients meanwhile meet `ASK` redirections and
+    /// `TRYAGAIN` while keys are split between the nodes), then assigns the slot to `to` on
+    /// every node, the target first.
+    pub fn migrate_slot(&self, slot: u16, to: usize, open_for: Duration) -> io::Result<()> {
+        let from = self.node_for_slot(slot)?;
+        if from == to {
+            return Ok(());
+        }
+        let slot_text = slot.to_string();
+        let (from_id, to_id) = (self.node_id(from)?, self.node_id(to)?);
+        let expect = |reply: String| {
+            if reply == "OK" || reply == "NOKEY" {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!("slot migration: {reply}")))
+            }
+        };
+        expect(self.cli(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id],
+        )?)?;
+        expect(self.cli(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id],
+        )?)?;
+        let target_port = self.nodes[to].port().to_string();
+        let started = Instant::now();
+        loop {
+            let keys = self.cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"])?;
+            let keys: Vec<&str> = keys.lines().filter(|key| !key.is_empty()).collect();
+            if keys.is_empty() && started.elapsed() >= open_for {
+                break;
+            }
+            if !keys.is_empty() {
+                let mut command = vec![
+                    "MIGRATE",
+                    "127.0.0.1",
+                    &target_port,
+                    "",
+                    "0",
+                    "5000",
+                    "REPLACE",
+                ];
+                if let Some(password) = self.nodes[to].password() {
+                    command.extend(["AUTH", password]);
+                }
+                command.push("KEYS");
+                command.extend(keys.iter().copied());
+                expect(self.cli(from, &command)?)?;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut order = vec![to, from];
+        order.extend((0..self.nodes.len()).filter(|i| *i != to && *i != from));
+        for index in order {
+            expect(self.cli(index, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id])?)?;
+        }
+        Ok(())
+    }
+}
+
 fn expect_ok(reply: Reply) -> io::Result<()> {
     match reply {
         Reply::Simple(ok) if ok == "OK" => Ok(()),
