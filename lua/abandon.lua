@@ -7,7 +7,7 @@
 local owner, attempt = ARGV[1], ARGV[2]
 horizon_ms = tonumber(ARGV[3])
 
-local problem = check_types(H, Q, Z, W, F, X)
+local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
 if problem then
   return problem
 end
@@ -25,9 +25,7 @@ end
 spend(attempt)
 
 local queued = present[Q] and redis.call('HGET', W, '@' .. attempt)
-local was_first = false
 if queued then
-  was_first = redis.call('ZRANGE', Q, 0, 0)[1] == queued
   forget(queued, attempt)
 end
 
@@ -46,7 +44,7 @@ elseif queued and not hold then
   -- than at its next heartbeat.
   evict_expired()
   local ticket, _, _, head_owner = head()
-  if ticket and (was_first or head_moved) then
+  if ticket and front_changed(ticket) then
     publish('R ' .. head_owner)
   elseif head_unknown and live_waiters() > 0 then
     publish('A')

@@ -16,7 +16,7 @@ local owner, attempt, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local waiter_ttl, may_queue, name = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
 horizon_ms = tonumber(ARGV[7])
 
-local problem = check_types(H, Q, Z, W, F, X)
+local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
 if problem then
   return problem
 end
@@ -105,7 +105,7 @@ if not hold and not head_unknown and (not head_ticket or head_attempt == attempt
   return 'G ' .. token .. ' 1'
 end
 
-if not hold and head_moved and head_ticket then
+if not hold and head_ticket and head_attempt ~= attempt and front_changed(head_ticket) then
   -- The lock is free and this call cleared the dead in front of the head: tell it now rather
   -- than at its next heartbeat.
   publish('R ' .. head_owner)

@@ -7,7 +7,7 @@
 local token = ARGV[1]
 horizon_ms = tonumber(ARGV[2])
 
-local problem = check_types(H, Q, Z, W, F, X)
+local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
 if problem then
   return problem
 end

@@ -52,16 +52,26 @@ local C = ARGV[#ARGV - 1]
 
 -- Redis Cluster refuses any command of a script on a key of a slot the node does not serve,
 -- and, on the node a slot is migrating away from, on a key it does not hold (moved already,
--- or deleted by this very script), with an error that stops the script halfway; Redis would
--- not roll back its writes. So first touch a key of the lock's slot that never exists: it
--- fails exactly in those cases, and the script refuses with TRYAGAIN before any write (the
--- backend refreshes its slot map and retries). Elsewhere it is a cheap EXISTS of a missing
--- key.
-do
-  local probe = redis.pcall('EXISTS', H .. '~')
-  if type(probe) == 'table' and probe.err then
-    return redis.error_reply('TRYAGAIN fairlock: this node does not hold the lock\'s slot now')
+-- or deleted by this very script), with an error that stops the script where it stands; Redis
+-- would not roll back the writes before it. Such an error becomes a TRYAGAIN reply, which the
+-- backend retries after refreshing its slot map; any other error (an ACL's NOPERM) is
+-- returned as it is.
+local function cluster_refusal(reply)
+  if type(reply) == 'table' and reply.err then
+    if string.find(string.lower(reply.err), 'cluster', 1, true) then
+      return redis.error_reply('TRYAGAIN fairlock: this node does not hold the lock\'s slot now')
+    end
+    return reply
   end
+  return nil
+end
+
+-- Every script that may delete a key and touch it again first touches a key of the lock's slot
+-- that never exists: that fails exactly where the node does not serve the slot or is
+-- migrating it away, so the script refuses before any write. (Elsewhere it is a cheap EXISTS
+-- of a missing key.) `extend` needs no probe: it touches only H, which its first command checks.
+local function slot_refusal()
+  return cluster_refusal(redis.pcall('EXISTS', H .. '~'))
 end
 
 -- The server's clock is the only clock: the client sends durations.
@@ -115,7 +125,12 @@ local present = {}
 -- key it may write or read.
 local function check_types(...)
   for _, key in ipairs({ ... }) do
-    local found = redis.call('TYPE', key)['ok']
+    local reply = redis.pcall('TYPE', key)
+    local refused = cluster_refusal(reply)
+    if refused then
+      return refused
+    end
+    local found = reply['ok']
     if found ~= 'none' and found ~= TYPES[key] then
       return foreign(key, 'holds a ' .. found .. ', not a ' .. TYPES[key])
     end
@@ -277,6 +292,16 @@ end
 -- is left is dropped by the next calls (see head()).
 local DROP_BUDGET = 64
 local dropped = 0
+-- The lowest ticket this call dropped: tickets are ordered, so a head above it means the
+-- front of the queue changed in this call (see front_changed).
+local lowest_dropped = nil
+
+local function note_dropped(ticket)
+  local number = tonumber(ticket)
+  if number and (not lowest_dropped or number < lowest_dropped) then
+    lowest_dropped = number
+  end
+end
 -- Set by head() when the budget ran out before it found a live waiter: who is first in line
 -- is not known yet, only that the dead in front of them are being cleared.
 local head_unknown = false
@@ -291,6 +316,7 @@ local function drop_tickets(tickets)
   local fields = {}
   for i, ticket in ipairs(tickets) do
     fields[i] = '#' .. ticket
+    note_dropped(ticket)
   end
   local records = redis.call('HMGET', W, unpack(fields))
   -- "@<attempt>" is deleted only while it still points at the ticket being dropped.
@@ -319,6 +345,7 @@ end
 local function forget(ticket, attempt)
   queue_touched = true
   dropped = dropped + 1
+  note_dropped(ticket)
   redis.call('ZREM', Z, ticket)
   redis.call('ZREM', Q, ticket)
   redis.call('HDEL', W, '#' .. ticket, '@' .. attempt)
@@ -341,9 +368,7 @@ local function evict_expired()
 end
 
 -- The first live ticket and its ttl, attempt and owner. Dead entries in front of it are
--- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown. `head_moved` tells
--- whether this call dropped entries in front of the head it returns (the head changed).
-local head_moved = false
+-- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown.
 local function head()
   -- A few first (the head is usually live), then the rest of the budget in one batch.
   local batch = 4
@@ -360,20 +385,24 @@ local function head()
         local ttl, attempt, owner = waiter_record(ticket)
         if ttl then
           drop_tickets(dead)
-          head_moved = head_moved or #dead > 0
           return ticket, ttl, attempt, owner
         end
       end
       table.insert(dead, ticket)
     end
     drop_tickets(dead)
-    head_moved = true
     batch = DROP_BUDGET - dropped
     if batch <= 0 then
       head_unknown = true
       return nil
     end
   end
+end
+
+-- Whether this call dropped a queue entry in front of `ticket` (a dead waiter evicted, one
+-- that left): then `ticket` may have become the head without knowing it.
+local function front_changed(ticket)
+  return lowest_dropped ~= nil and lowest_dropped < tonumber(ticket)
 end
 
 -- How many waiters are alive: O(log n), however many dead ones are still stored.
@@ -454,6 +483,9 @@ local function finish(reply)
   if type(reply) == 'table' and reply.err then
     return reply
   end
-  keep_fence()
+  -- Best effort, and after the operation's writes: a key it reads may be out of reach (on the
+  -- node a slot is migrating away from, for `extend`, which has no probe), and a failure here
+  -- must not turn a done operation into an error.
+  pcall(keep_fence)
   return reply
 end

@@ -10,7 +10,7 @@
 local owner, token, attempt = ARGV[1], ARGV[2], ARGV[3]
 horizon_ms = tonumber(ARGV[4])
 
-local problem = check_types(H, Q, Z, W, F, X)
+local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
 if problem then
   return problem
 end

@@ -5,6 +5,7 @@
 //! line is `local PUBLISH = 'SPUBLISH'` (sharded pub/sub) or `local PUBLISH = 'PUBLISH'`
 //! (classic, for Redis 6.2), and the prelude's `publish()` calls it.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::clients::Client;
@@ -137,8 +138,7 @@ impl Script {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(100));
                     if client.is_clustered() {
-                        // Failing to refresh leaves the old map: the retry says again.
-                        let _ = client.sync_cluster().await;
+                        refresh_slot_map(client).await;
                     }
                 }
                 other => return other,
@@ -176,6 +176,36 @@ impl Script {
             other => other,
         }
     }
+}
+
+/// How often one client re-reads the slot map while its scripts meet `TRYAGAIN`: fred 10.1
+/// opens a new connection for every re-read, and a migration can make every waiter retry.
+const SLOT_MAP_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// When each client last re-read the slot map (by fred client id).
+static LAST_REFRESH: std::sync::Mutex<Option<HashMap<String, tokio::time::Instant>>> =
+    std::sync::Mutex::new(None);
+
+/// Re-reads `client`'s slot map, unless it did less than [`SLOT_MAP_REFRESH_INTERVAL`] ago
+/// (then the retry uses the map it has). Concurrent callers on one client refresh once.
+async fn refresh_slot_map(client: &Client) {
+    let now = tokio::time::Instant::now();
+    {
+        let mut last = LAST_REFRESH.lock().unwrap_or_else(|e| e.into_inner());
+        let last = last.get_or_insert_with(HashMap::new);
+        // Forget clients that have not refreshed for a while, so the map stays small.
+        last.retain(|_, at| now.duration_since(*at) < Duration::from_secs(60));
+        let id = client.id().to_owned();
+        if last
+            .get(&id)
+            .is_some_and(|at| now.duration_since(*at) < SLOT_MAP_REFRESH_INTERVAL)
+        {
+            return;
+        }
+        last.insert(id, now);
+    }
+    // Failing to refresh leaves the old map: the next retry says again.
+    let _ = client.sync_cluster().await;
 }
 
 #[cfg(test)]

@@ -11,13 +11,14 @@
 //! it has at least one local watch.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use fairlock::backend::{Grant, Wake, WakeSender, Watch};
 use fred::clients::SubscriberClient;
-use fred::interfaces::{ClusterInterface, EventInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
+use fred::types::cluster::ClusterRouting;
+use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::pubsub::{Detection, PubsubMode};
@@ -44,27 +45,28 @@ pub(crate) struct Dispatcher {
     pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
     linger: Duration,
-    /// Cluster topology changes seen, and the last one resubscribed after; the lock makes one
-    /// resubscription run at a time, so a burst of changes costs one or two runs.
-    topology_changes: AtomicU64,
-    resynced: AtomicU64,
+    /// One resubscription after a slot move at a time.
     resync: tokio::sync::Mutex<()>,
-    /// The slot map the subscriptions last followed.
+    /// The slot map the subscriber routed its subscriptions with, last time they were made.
     known_slots: Mutex<Option<SlotMap>>,
 }
 
-/// Which primary serves which slots, as a client last read it.
+/// Which node (by id) serves which slots.
 type SlotMap = Vec<(u16, u16, String)>;
 
+fn slot_map_of(routing: &ClusterRouting) -> SlotMap {
+    routing
+        .slots()
+        .iter()
+        .map(|range| (range.start, range.end, range.id.to_string()))
+        .collect()
+}
+
+/// The slot map `client` routes with.
 fn slot_map(client: &impl ClusterInterface) -> Option<SlotMap> {
-    let state = client.cached_cluster_state()?;
-    Some(
-        state
-            .slots()
-            .iter()
-            .map(|range| (range.start, range.end, range.primary.to_string()))
-            .collect(),
-    )
+    client
+        .cached_cluster_state()
+        .map(|routing| slot_map_of(&routing))
 }
 
 #[derive(Debug, Default)]
@@ -97,8 +99,6 @@ impl Dispatcher {
             pubsub,
             channels: Mutex::new(HashMap::new()),
             linger,
-            topology_changes: AtomicU64::new(0),
-            resynced: AtomicU64::new(0),
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
         });
@@ -169,12 +169,10 @@ impl Dispatcher {
         self: &Arc<Self>,
         clients: impl IntoIterator<Item = &'c fred::clients::Client>,
     ) {
+        *self.known_slots.lock().unwrap_or_else(|e| e.into_inner()) = slot_map(&self.subscriber);
+        let mut first = None;
         for client in clients {
-            let mut known = self.known_slots.lock().unwrap_or_else(|e| e.into_inner());
-            if known.is_none() {
-                *known = slot_map(client);
-            }
-            drop(known);
+            first.get_or_insert_with(|| client.clone());
             let mut changes = client.cluster_change_rx();
             let client = client.clone();
             let weak = Arc::downgrade(self);
@@ -193,14 +191,17 @@ impl Dispatcher {
                 }
             });
         }
-        self.check_topology_periodically();
+        if let Some(client) = first {
+            self.check_topology_periodically(client);
+        }
     }
 
-    /// Re-reads the slot map every [`TOPOLOGY_CHECK_INTERVAL`] while this process has
-    /// watches: a process whose waiters only wait issues no command that could meet the
-    /// move, and the server's `sunsubscribe` push is dropped by fred, so without this its
-    /// waiters would hear nothing until their next heartbeat.
-    fn check_topology_periodically(self: &Arc<Self>) {
+    /// Reads the slot map every [`TOPOLOGY_CHECK_INTERVAL`] while this process has watches,
+    /// with `CLUSTER SLOTS` over a connection `client` already has: a process whose waiters
+    /// only wait issues no command that could meet a move, and the server's `sunsubscribe`
+    /// push is dropped by fred, so without this its waiters would hear nothing until their
+    /// next heartbeat.
+    fn check_topology_periodically(self: &Arc<Self>, client: fred::clients::Client) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
@@ -215,39 +216,56 @@ impl Dispatcher {
                 if !watched || dispatcher.pubsub.known() != Some(PubsubMode::Sharded) {
                     continue;
                 }
-                if dispatcher.subscriber.sync_cluster().await.is_ok() {
-                    let slots = slot_map(&dispatcher.subscriber);
-                    dispatcher.topology_changed(slots).await;
-                }
+                let command = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
+                let slots = match client
+                    .custom::<Value, &str>(command, vec!["SLOTS"])
+                    .await
+                    .and_then(|reply| ClusterRouting::from_cluster_slots(reply, ""))
+                {
+                    Ok(routing) => slot_map_of(&routing),
+                    Err(error) => {
+                        tracing::debug!(%error, "fairlock-redis: reading the slot map failed");
+                        continue;
+                    }
+                };
+                dispatcher.topology_changed(Some(slots)).await;
             }
         });
     }
 
-    /// A client re-read the cluster's slots (fred reports every re-read, changed or not).
+    /// Someone read the cluster's slot map (fred reports every re-read, changed or not). When
+    /// it differs from the map the subscriptions were last made with, the subscriber re-reads
+    /// its own (its routes decide where `SSUBSCRIBE` goes), every watched channel is
+    /// subscribed again, and every waiter looks. The map recorded is the subscriber's: if it
+    /// read a stale view from a node that had not heard of the move yet, the next check
+    /// differs again and the subscriptions follow then.
     async fn topology_changed(&self, slots: Option<SlotMap>) {
         if self.pubsub.known() != Some(PubsubMode::Sharded) {
             return;
         }
-        {
-            let mut known = self.known_slots.lock().unwrap_or_else(|e| e.into_inner());
-            if slots.is_none() || *known == slots {
-                return;
-            }
-            *known = slots;
-        }
-        let seen = self.topology_changes.fetch_add(1, Ordering::SeqCst) + 1;
-        let _running = self.resync.lock().await;
-        if self.resynced.load(Ordering::SeqCst) >= seen {
-            // A run that started after this change already covered it.
+        let Some(slots) = slots else {
+            return;
+        };
+        if self.known_slots() == Some(slots) {
             return;
         }
-        let covers = self.topology_changes.load(Ordering::SeqCst);
+        // One run at a time; a change seen while one runs is compared again after it.
+        let _running = self.resync.lock().await;
+        if self.subscriber.sync_cluster().await.is_err() {
+            return;
+        }
+        let followed = slot_map(&self.subscriber);
+        *self.known_slots.lock().unwrap_or_else(|e| e.into_inner()) = followed;
         tracing::debug!("fairlock-redis: cluster slots moved; subscribing again");
-        // The subscriber's own map may be older; a stale route would cost a MOVED round.
-        let _ = self.subscriber.sync_cluster().await;
         self.resubscribe().await;
         self.recheck_all();
-        self.resynced.store(covers, Ordering::SeqCst);
+    }
+
+    fn known_slots(&self) -> Option<SlotMap> {
+        self.known_slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Subscribes again, one by one, every channel this process has watches on, after the
