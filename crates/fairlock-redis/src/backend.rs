@@ -9,8 +9,9 @@ use fairlock::backend::{
     LockSummary, ReleaseOutcome, WaiterState, Watch, RESEND_HORIZON,
 };
 use fairlock::{Error, LockName, Owner, Result};
+use fred::clients::Client;
 use fred::interfaces::ClientLike;
-use fred::types::Value;
+use fred::types::{ClusterHash, CustomCommand, Value};
 use futures::TryStreamExt;
 
 use crate::error::{self, Context, BACKEND};
@@ -44,16 +45,61 @@ impl RedisBackend {
         lock: &str,
         args: Vec<String>,
     ) -> Result<Value> {
+        Ok(self.run_on(script, keys, lock, args).await?.0)
+    }
+
+    /// Runs `script` on the next pooled connection; its reply and that connection.
+    async fn run_on(
+        &self,
+        script: &Script,
+        keys: &LockKeys,
+        lock: &str,
+        args: Vec<String>,
+    ) -> Result<(Value, Client)> {
         let client = self.inner.pool.next();
-        script.run(client, keys.as_vec(), args).await.map_err(|e| {
-            error::map(
-                e,
-                Context {
-                    endpoint: &self.inner.endpoint,
-                    lock: Some(lock),
-                },
-            )
-        })
+        let reply = script
+            .run(client, keys.as_vec(), args)
+            .await
+            .map_err(|e| self.map_error(e, Some(lock)))?;
+        Ok((reply, client.clone()))
+    }
+
+    fn map_error(&self, error: fred::error::Error, lock: Option<&str>) -> Error {
+        error::map(
+            error,
+            Context {
+                endpoint: &self.inner.endpoint,
+                lock,
+            },
+        )
+    }
+
+    /// With [`replicas_acked`](crate::RedisBackendBuilder::replicas_acked): waits until the
+    /// configured number of replicas acknowledged every write made so far on `client`'s
+    /// connection to the lock's node (`WAIT`, sent after the script on the same connection),
+    /// and fails with `Unavailable` if they do not in time. Without it, does nothing.
+    async fn acknowledged(&self, client: &Client, name: &str, what: &str) -> Result<()> {
+        let Some(acks) = self.inner.replica_acks else {
+            return Ok(());
+        };
+        let slot = fred::util::redis_keyslot(self.keys(name).holder.as_bytes());
+        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(slot), false);
+        let timeout = acks.timeout.as_millis().max(1).to_string();
+        let acked: i64 = client
+            .custom(command, vec![acks.replicas.to_string(), timeout])
+            .await
+            .map_err(|e| self.map_error(e, Some(name)))?;
+        if acked >= i64::from(acks.replicas) {
+            return Ok(());
+        }
+        Err(error::unavailable(
+            &self.inner.endpoint,
+            format!(
+                "{what} on lock {name:?} acknowledged by {acked} of the {} replicas required \
+                 within {:?}",
+                acks.replicas, acks.timeout
+            ),
+        ))
     }
 
     /// The ARGV every mutating script ends with: the lock's wake-up channel, then the fence
@@ -63,10 +109,29 @@ impl RedisBackend {
     }
 
     async fn run_for_text(&self, script: &Script, name: &str, args: Vec<String>) -> Result<String> {
-        let reply = self.run(script, &self.keys(name), name, args).await?;
+        Ok(self.run_for_text_on(script, name, args).await?.0)
+    }
+
+    /// Like `run_for_text`, also giving the connection the script ran on.
+    async fn run_for_text_on(
+        &self,
+        script: &Script,
+        name: &str,
+        args: Vec<String>,
+    ) -> Result<(String, Client)> {
+        let (reply, client) = self.run_on(script, &self.keys(name), name, args).await?;
         match reply.as_string() {
-            Some(text) => Ok(text),
+            Some(text) => Ok((text, client)),
             None => Err(bad_reply(script.name, reply)),
+        }
+    }
+
+    /// [`acknowledged`](Self::acknowledged) for a change nobody relies on being kept: a
+    /// failover that loses it only delays others (a lost release looks like a hold until its
+    /// lease ends), so a missing acknowledgement is logged, not returned.
+    async fn warn_unless_acknowledged(&self, client: &Client, name: &str, what: &str) {
+        if let Err(error) = self.acknowledged(client, name, what).await {
+            tracing::warn!(lock = name, %error, "fairlock-redis: change not acknowledged by the replicas");
         }
     }
 
@@ -209,8 +274,19 @@ impl LockBackend for RedisBackend {
             millis(RESEND_HORIZON),
         ];
         args.extend(self.trailer(name));
-        let reply = self.run_for_text(script, name, args).await?;
-        parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))
+        let (reply, client) = self.run_for_text_on(script, name, args).await?;
+        let outcome = parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))?;
+        if matches!(outcome, AcquireOutcome::Granted(_)) {
+            if let Err(error) = self.acknowledged(&client, name, "a grant").await {
+                // Not handed out unacknowledged: a failover could give the lock to another
+                // while this caller believed it held. Best effort; the lease bounds it else.
+                let _ = self
+                    .abandon(&request.name, &request.owner, request.attempt)
+                    .await;
+                return Err(error);
+            }
+        }
+        Ok(outcome)
     }
 
     async fn release(
@@ -228,8 +304,11 @@ impl LockBackend for RedisBackend {
             millis(RESEND_HORIZON),
         ];
         args.extend(self.trailer(name.as_str()));
-        let reply = self.run_for_text(script, name.as_str(), args).await?;
-        parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))
+        let (reply, client) = self.run_for_text_on(script, name.as_str(), args).await?;
+        let outcome = parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))?;
+        self.warn_unless_acknowledged(&client, name.as_str(), "a release")
+            .await;
+        Ok(outcome)
     }
 
     async fn extend(
@@ -242,12 +321,13 @@ impl LockBackend for RedisBackend {
         let script = &self.scripts().await?.extend;
         let mut args = vec![owner.as_str().to_owned(), token.to_string(), millis(lease)];
         args.extend(self.trailer(name.as_str()));
-        match self
-            .run_for_text(script, name.as_str(), args)
-            .await?
-            .as_str()
-        {
-            "1" => Ok(true),
+        let (reply, client) = self.run_for_text_on(script, name.as_str(), args).await?;
+        match reply.as_str() {
+            "1" => {
+                self.acknowledged(&client, name.as_str(), "a renewal")
+                    .await?;
+                Ok(true)
+            }
             "0" => Ok(false),
             other => Err(bad_reply(script.name, other)),
         }
@@ -261,12 +341,13 @@ impl LockBackend for RedisBackend {
             millis(RESEND_HORIZON),
         ];
         args.extend(self.trailer(name.as_str()));
-        match self
-            .run_for_text(script, name.as_str(), args)
-            .await?
-            .as_str()
-        {
-            "OK" => Ok(()),
+        let (reply, client) = self.run_for_text_on(script, name.as_str(), args).await?;
+        match reply.as_str() {
+            "OK" => {
+                self.warn_unless_acknowledged(&client, name.as_str(), "an abandoned attempt")
+                    .await;
+                Ok(())
+            }
             other => Err(bad_reply(script.name, other)),
         }
     }

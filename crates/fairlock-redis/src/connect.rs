@@ -50,6 +50,7 @@ pub struct RedisBackendBuilder {
     command_timeout: Duration,
     subscription_linger: Duration,
     fence_margin: Duration,
+    replica_acks: Option<ReplicaAcks>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -62,6 +63,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("command_timeout", &self.command_timeout)
             .field("subscription_linger", &self.subscription_linger)
             .field("fence_margin", &self.fence_margin)
+            .field("replica_acks", &self.replica_acks)
             .finish()
     }
 }
@@ -76,6 +78,7 @@ impl RedisBackendBuilder {
             command_timeout: Duration::from_secs(10),
             subscription_linger: DEFAULT_LINGER,
             fence_margin: DEFAULT_FENCE_MARGIN,
+            replica_acks: None,
         }
     }
 
@@ -119,6 +122,33 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Waits, after every change a holder relies on, until `replicas` replicas of the primary
+    /// have acknowledged it, for at most `timeout` (Redis `WAIT`), so that a failover (a
+    /// replica promoted by Sentinel or by the Cluster) cannot lose it. Off by default; `0`
+    /// replicas turns it off.
+    ///
+    /// What is waited for, and what happens when the replicas do not acknowledge in time:
+    /// - a grant (`lock()`, a re-entry, the confirmation of a hand-over): not handed out; the
+    ///   attempt is abandoned (its level released) and the call fails with
+    ///   [`Error::Unavailable`], which `lock()` rides out within its outage budget;
+    /// - a lease renewal: fails with [`Error::Unavailable`], so the watchdog tries again and
+    ///   reports a lost lease if the lease passes first;
+    /// - a release or an abandoned wait: done on the primary, logged as a warning (a failover
+    ///   that loses it makes the lock look held until that lease ends, which delays others but
+    ///   never lets two hold it).
+    ///
+    /// Hand-overs are not trusted from their wake-up message alone: the grantee confirms with
+    /// a call that waits for the acknowledgement. Joining the queue and heart-beating are not
+    /// waited for (a failover may reorder waiters, never grant twice). Each acknowledged
+    /// change costs one more round trip plus the replication delay.
+    pub fn replicas_acked(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = (replicas > 0).then_some(ReplicaAcks {
+            replicas,
+            timeout: timeout.max(Duration::from_millis(1)),
+        });
+        self
+    }
+
     /// How long a lock's wake-up channel stays subscribed after its last local waiter is
     /// gone (default 2 s), so a process that locks the same lock again and again does not
     /// subscribe and unsubscribe each time.
@@ -143,7 +173,7 @@ impl RedisBackendBuilder {
             return Err(Error::InvalidArgument {
                 what: "redis url",
                 reason: format!(
-                    "{} is not a redis://, rediss:// or redis-cluster:// URL",
+                    "{} is not a redis://, rediss://, redis-cluster:// or redis-sentinel:// URL",
                     redact(&self.url)
                 ),
             });
@@ -214,11 +244,14 @@ impl RedisBackendBuilder {
         Ok(RedisBackend::assemble(
             pool,
             subscriber,
-            self.prefix,
-            endpoint,
-            true,
-            self.subscription_linger,
-            self.fence_margin,
+            Settings {
+                prefix: self.prefix,
+                endpoint,
+                owns_clients: true,
+                linger: self.subscription_linger,
+                fence_margin: self.fence_margin,
+                replica_acks: self.replica_acks,
+            },
         ))
     }
 }
@@ -261,6 +294,26 @@ pub(crate) fn eviction_warning(policy: &str) -> Option<String> {
     })
 }
 
+/// What a backend is made with besides its clients.
+pub(crate) struct Settings {
+    pub(crate) prefix: String,
+    /// The servers, without credentials, for messages.
+    pub(crate) endpoint: String,
+    /// Whether the connections were made here (and so are closed here).
+    pub(crate) owns_clients: bool,
+    pub(crate) linger: Duration,
+    pub(crate) fence_margin: Duration,
+    pub(crate) replica_acks: Option<ReplicaAcks>,
+}
+
+/// How many replicas must acknowledge a change, and how long to wait for them; see
+/// [`RedisBackendBuilder::replicas_acked`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReplicaAcks {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
 /// Quits the connections it holds when dropped, unless emptied first.
 struct QuitOnDrop(Option<(Pool, SubscriberClient)>);
 
@@ -298,6 +351,19 @@ pub(crate) fn endpoint_of(config: &Config) -> String {
             .map(|server| format!("{}:{}", server.host, server.port))
             .collect::<Vec<_>>()
             .join(","),
+        ServerConfig::Sentinel {
+            hosts,
+            service_name,
+            ..
+        } => format!(
+            "{service_name} via sentinels {}",
+            hosts
+                .iter()
+                .map(|server| format!("{}:{}", server.host, server.port))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        #[allow(unreachable_patterns)] // fred adds variants under features (unix sockets).
         other => format!("{other:?}"),
     }
 }
@@ -325,11 +391,14 @@ pub(crate) fn from_clients(
     Ok(RedisBackend::assemble(
         pool,
         subscriber,
-        prefix,
-        endpoint,
-        false,
-        DEFAULT_LINGER,
-        DEFAULT_FENCE_MARGIN,
+        Settings {
+            prefix,
+            endpoint,
+            owns_clients: false,
+            linger: DEFAULT_LINGER,
+            fence_margin: DEFAULT_FENCE_MARGIN,
+            replica_acks: None,
+        },
     ))
 }
 
@@ -374,6 +443,17 @@ mod tests {
             check_prefix("a{b}:"),
             Err(Error::InvalidArgument { .. })
         ));
+    }
+
+    #[test]
+    fn sentinel_endpoints_name_the_service_and_the_sentinels() {
+        let config = Config::from_url(
+            "redis-sentinel://127.0.0.1:26379?sentinelServiceName=locks&node=127.0.0.1:26380",
+        )
+        .unwrap();
+        let endpoint = endpoint_of(&config);
+        assert!(endpoint.starts_with("locks via sentinels "), "{endpoint}");
+        assert!(endpoint.contains("127.0.0.1:26379") && endpoint.contains("127.0.0.1:26380"));
     }
 
     #[test]

@@ -26,7 +26,9 @@
 //! ```
 //!
 //! URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS, with the `tls`
-//! feature), and `redis-cluster://host:port?node=host:port&node=...` for Cluster. See
+//! feature), `redis-cluster://host:port?node=host:port&node=...` for Cluster, and
+//! `redis-sentinel://sentinel:port?sentinelServiceName=NAME&node=sentinel:port&...` for a
+//! primary behind Redis Sentinel (followed across failovers). See
 //! `docs/redis.md` in the repository for the key layout, the scripts' protocol and what a
 //! failover or a restart can lose.
 
@@ -75,6 +77,8 @@ struct Inner {
     endpoint: String,
     /// How long the fence hash outlives everything else of an idle lock.
     fence_margin: std::time::Duration,
+    /// Replicas that must acknowledge a change a holder relies on, if any.
+    replica_acks: Option<connect::ReplicaAcks>,
     /// Whether the connections were made here (and so are closed here).
     owns_clients: bool,
 }
@@ -123,14 +127,14 @@ impl RedisBackend {
     fn assemble(
         pool: Pool,
         subscriber: SubscriberClient,
-        prefix: String,
-        endpoint: String,
-        owns_clients: bool,
-        linger: std::time::Duration,
-        fence_margin: std::time::Duration,
+        settings: connect::Settings,
     ) -> RedisBackend {
         let pubsub = Detection::start(pool.clone());
-        let dispatcher = Dispatcher::start(subscriber, linger, pubsub.clone());
+        // With acknowledgement, a hand-over's message is only a cue to confirm by a call that
+        // waits for the replicas.
+        let trust_grants = settings.replica_acks.is_none();
+        let dispatcher =
+            Dispatcher::start(subscriber, settings.linger, pubsub.clone(), trust_grants);
         if pool.next().is_clustered() {
             dispatcher.follow_topology(pool.clients());
         }
@@ -141,10 +145,11 @@ impl RedisBackend {
                 pubsub,
                 sharded_scripts: Scripts::new(PubsubMode::Sharded),
                 classic_scripts: Scripts::new(PubsubMode::Classic),
-                prefix,
-                endpoint,
-                fence_margin,
-                owns_clients,
+                prefix: settings.prefix,
+                endpoint: settings.endpoint,
+                fence_margin: settings.fence_margin,
+                replica_acks: settings.replica_acks,
+                owns_clients: settings.owns_clients,
             }),
         }
     }

@@ -45,6 +45,8 @@ pub(crate) struct Dispatcher {
     pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
     linger: Duration,
+    /// Whether a hand-over message is delivered as a grant; if not, as a cue to look.
+    trust_grants: bool,
     /// One resubscription after a slot move at a time.
     resync: tokio::sync::Mutex<()>,
     /// The slot map the subscriber routed its subscriptions with, last time they were made.
@@ -93,12 +95,14 @@ impl Dispatcher {
         subscriber: SubscriberClient,
         linger: Duration,
         pubsub: Arc<Detection>,
+        trust_grants: bool,
     ) -> Arc<Self> {
         let dispatcher = Arc::new(Dispatcher {
             subscriber,
             pubsub,
             channels: Mutex::new(HashMap::new()),
             linger,
+            trust_grants,
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
         });
@@ -432,7 +436,7 @@ impl Dispatcher {
     }
 
     fn deliver(&self, channel: &str, payload: &str) {
-        let Some((audience, wake)) = parse(payload) else {
+        let Some((audience, mut wake)) = parse(payload) else {
             tracing::debug!(
                 channel,
                 payload,
@@ -440,6 +444,9 @@ impl Dispatcher {
             );
             return;
         };
+        if !self.trust_grants && matches!(wake, Wake::Granted { .. }) {
+            wake = Wake::Recheck;
+        }
         let mut channels = self.channels();
         let Some(entry) = channels.get_mut(channel) else {
             return;

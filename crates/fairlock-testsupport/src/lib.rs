@@ -27,6 +27,7 @@
 mod cluster;
 mod ports;
 mod resp;
+mod sentinel;
 mod server;
 mod tempdir;
 
@@ -37,6 +38,7 @@ use std::sync::OnceLock;
 
 pub use cluster::RedisCluster;
 pub use ports::free_port;
+pub use sentinel::{RedisSentinels, SENTINEL_SERVICE};
 pub use server::RedisServer;
 pub use tempdir::TempDir;
 

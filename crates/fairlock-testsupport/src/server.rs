@@ -42,6 +42,8 @@ pub struct RedisServer {
     port: u16,
     extra: Vec<String>,
     cluster: bool,
+    /// `sentinel …` configuration lines when this is a Sentinel (`--sentinel`).
+    sentinel: Option<Vec<String>>,
     password: Option<String>,
     running: Option<Running>,
     dir: TempDir,
@@ -151,6 +153,22 @@ impl RedisServer {
         )
     }
 
+    /// Starts a Redis Sentinel (`redis-server <config> --sentinel`) on a free port, whose
+    /// configuration file holds `lines` (e.g. `sentinel monitor …`). Sentinel rewrites that
+    /// file as it learns the setup; it lives in the server's directory.
+    ///
+    /// # Panics
+    ///
+    /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
+    pub fn start_sentinel(lines: &[String]) -> io::Result<RedisServer> {
+        Self::start_full(
+            Program::default_server(),
+            Vec::new(),
+            false,
+            Some(lines.to_vec()),
+        )
+    }
+
     /// Like [`start_with`](Self::start_with), running the `redis-server` binary at `binary`
     /// (e.g. [`redis62_server`](crate::redis62_server)) instead of the one on `PATH`.
     /// [`cli`](Self::cli) still uses the `redis-cli` on `PATH`.
@@ -170,6 +188,15 @@ impl RedisServer {
         extra: Vec<String>,
         cluster: bool,
     ) -> io::Result<RedisServer> {
+        Self::start_full(program, extra, cluster, None)
+    }
+
+    fn start_full(
+        program: Program,
+        extra: Vec<String>,
+        cluster: bool,
+        sentinel: Option<Vec<String>>,
+    ) -> io::Result<RedisServer> {
         let password = password_of(&extra);
         let mut dir = TempDir::new("testsupport-redis")?;
         let mut last_error = None;
@@ -180,6 +207,7 @@ impl RedisServer {
                 port,
                 extra: extra.clone(),
                 cluster,
+                sentinel: sentinel.clone(),
                 password: password.clone(),
                 running: None,
                 dir,
@@ -329,12 +357,20 @@ impl RedisServer {
             let _ = std::fs::remove_file(dir.join(name));
         }
         let mut command = Command::new(&self.program.path);
+        if let Some(lines) = &self.sentinel {
+            // Sentinel needs a configuration file it can rewrite, named first.
+            let config = dir.join("sentinel.conf");
+            std::fs::write(&config, lines.join("\n") + "\n").map_err(LaunchError::Other)?;
+            command.arg(&config).arg("--sentinel");
+        }
         command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--protected-mode", "yes"]);
-        if self.program.major >= 7 {
-            command.args(["--enable-debug-command", "yes"]);
+            .args(["--daemonize", "no", "--protected-mode", "yes"]);
+        if self.sentinel.is_none() {
+            command.args(["--save", "", "--appendonly", "no"]);
+            if self.program.major >= 7 {
+                command.args(["--enable-debug-command", "yes"]);
+            }
         }
         command
             .arg("--dir")

@@ -16,7 +16,7 @@ use crate::lease::Hold;
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
-use crate::waiting::retry_transient;
+use crate::waiting::retry_within;
 
 /// One level of a held lock. Dropping it releases that level.
 ///
@@ -190,10 +190,15 @@ impl LockGuard {
 
     /// Releases this level of the lock and reports how it went.
     ///
+    /// While the store is unreachable (a failover, a dropped connection) the release is tried
+    /// again for up to [`LockOptions::outage_budget`](crate::LockOptions::outage_budget), so
+    /// this can take that long.
+    ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lock was no longer held under this guard's token (it
-    /// expired or was force-released: another owner may have held it meanwhile); backend
-    /// errors, in which case the store frees the lock when its lease ends.
+    /// expired or was force-released: another owner may have held it meanwhile);
+    /// [`Error::Unavailable`] after the store failed for the whole outage budget, and other
+    /// backend errors, in which case the store frees the lock when its lease ends.
     ///
     /// # Cancel safety
     /// The release runs in its own task: dropping this future does not stop it.
@@ -227,9 +232,10 @@ impl LockGuard {
             info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
         self.runtime.spawn(
             async move {
-                // Harmless to repeat, so a transient failure is retried a few times: a level
-                // left behind would live as long as a sibling guard renews the hold.
-                let (outcome, retried) = retry_transient(|| {
+                // Harmless to repeat, so an outage is ridden out within the outage budget, as
+                // `lock()` does (a failover takes seconds): a level left behind would live as
+                // long as a sibling guard renews the hold.
+                let (outcome, retried) = retry_within(shared.options.outage_budget, || {
                     shared
                         .backend
                         .release(&shared.name, &shared.owner, token, attempt)

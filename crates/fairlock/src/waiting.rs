@@ -542,6 +542,35 @@ async fn pause_before(pause: Duration, deadline: Option<Instant>) -> bool {
 const RETRIES: u32 = 5;
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// Runs `call` until it succeeds, fails for good, or the store has failed for `budget`
+/// (an outage, such as a failover, is ridden out as `lock()` rides it out; pauses double up to
+/// 1 s), trying at least [`RETRIES`] times; and says whether it had to try more than once (an
+/// earlier try may have been applied). Only for calls that are harmless when applied twice.
+pub(crate) async fn retry_within<T, F, Fut>(budget: Duration, mut call: F) -> (Result<T>, bool)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut outage = Outage::new(budget, Duration::from_secs(1));
+    let mut tries = 1;
+    loop {
+        match call().await {
+            Err(err) if is_outage(&err) => {
+                let pause = match outage.failed() {
+                    Some(pause) => pause,
+                    // A budget shorter than the few quick retries still gets those.
+                    None if tries < RETRIES => FIRST_RETRY_PAUSE * 2u32.pow(tries - 1),
+                    None => return (Err(err), tries > 1),
+                };
+                debug!(error = %err, tries, ?pause, "the store failed; trying again");
+                tokio::time::sleep(pause).await;
+                tries += 1;
+            }
+            other => return (other, tries > 1),
+        }
+    }
+}
+
 /// Whether `err` is the store being unreachable or its answer unknown (worth riding out), as
 /// opposed to a refusal that will not change by asking again.
 pub(crate) fn is_outage(err: &Error) -> bool {

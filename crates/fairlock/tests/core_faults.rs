@@ -26,6 +26,8 @@ struct Faulty {
     /// Like `lose_next_reply`, but the loss is noticed only 900 ms later (a command timeout).
     lose_next_reply_slowly: Arc<AtomicBool>,
     fail_next_abandon: Arc<AtomicBool>,
+    /// Releases fail as `Unavailable` until this instant (a store failing over).
+    releases_down_until: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 fn down() -> Error {
@@ -64,6 +66,10 @@ impl LockBackend for Faulty {
         token: u64,
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
+        let down_until = *self.releases_down_until.lock().unwrap();
+        if down_until.is_some_and(|until| tokio::time::Instant::now() < until) {
+            return Err(down());
+        }
         self.inner.release(name, owner, token, attempt).await
     }
 
@@ -214,4 +220,35 @@ async fn an_adopted_grant_is_dated_from_the_call_that_made_it() {
             assert!(!guard.is_lease_lost() || client.state("x").await.unwrap().holder.is_none())
         }
     }
+}
+
+/// `unlock()` during a store outage shorter than the outage budget (a failover of a few
+/// seconds) waits for the store and releases, instead of giving up after a few quick retries
+/// (about 0.75 s) and reporting the outage.
+#[tokio::test(start_paused = true)]
+async fn unlock_rides_out_an_outage_within_the_budget() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lock = client.fair_lock("failover").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let started = tokio::time::Instant::now();
+    *backend.releases_down_until.lock().unwrap() = Some(started + Duration::from_secs(3));
+    guard
+        .unlock()
+        .await
+        .expect("released once the store is back");
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert!(lock.state().await.unwrap().holder.is_none());
+
+    // Longer than the budget (30 s by default): the outage is reported.
+    let guard = lock.lock().await.unwrap();
+    let started = tokio::time::Instant::now();
+    *backend.releases_down_until.lock().unwrap() = Some(started + Duration::from_secs(60));
+    let error = guard.unlock().await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(32),
+        "{waited:?}"
+    );
 }

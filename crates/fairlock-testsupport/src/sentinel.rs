@@ -1,0 +1,185 @@
+//! A primary with replicas behind Redis Sentinel, all on free loopback ports.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use crate::server::RedisServer;
+
+/// The service name the sentinels monitor.
+pub const SENTINEL_SERVICE: &str = "fairlock";
+
+/// How long [`RedisSentinels::start`] waits for replication and the sentinels to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A primary, its replicas and the sentinels that watch them (quorum: a majority), each a
+/// [`RedisServer`] killed when dropped. The sentinels declare the primary down after 1 s
+/// without an answer and then promote a replica.
+#[derive(Debug)]
+pub struct RedisSentinels {
+    /// The data nodes: index 0 is the first primary, then the replicas.
+    nodes: Vec<RedisServer>,
+    sentinels: Vec<RedisServer>,
+}
+
+impl RedisSentinels {
+    /// Starts a primary, `replicas` replicas of it and `sentinels` sentinels, and waits until
+    /// the replicas are in sync and every sentinel knows every replica and every other
+    /// sentinel.
+    ///
+    /// # Panics
+    ///
+    /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
+    pub fn start(replicas: usize, sentinels: usize) -> io::Result<RedisSentinels> {
+        let primary = RedisServer::start()?;
+        let port = primary.port().to_string();
+        let mut nodes = vec![primary];
+        for _ in 0..replicas {
+            nodes.push(RedisServer::start_with(&[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+            ])?);
+        }
+        let quorum = sentinels / 2 + 1;
+        let lines = vec![
+            format!("sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {port} {quorum}"),
+            format!("sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000"),
+            format!("sentinel failover-timeout {SENTINEL_SERVICE} 5000"),
+            format!("sentinel parallel-syncs {SENTINEL_SERVICE} {replicas}"),
+        ];
+        let sentinels = (0..sentinels)
+            .map(|_| RedisServer::start_sentinel(&lines))
+            .collect::<io::Result<Vec<_>>>()?;
+        let set = RedisSentinels { nodes, sentinels };
+        set.wait_until_settled(replicas)?;
+        Ok(set)
+    }
+
+    fn wait_until_settled(&self, replicas: usize) -> io::Result<()> {
+        let started = Instant::now();
+        loop {
+            let unsettled = self.unsettled(replicas);
+            let Some(reason) = unsettled else {
+                return Ok(());
+            };
+            if started.elapsed() > SETTLE_TIMEOUT {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the sentinel setup did not settle within {SETTLE_TIMEOUT:?}: {reason}"
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn unsettled(&self, replicas: usize) -> Option<String> {
+        let info = self.nodes[0].cli(&["INFO", "replication"]).ok()?;
+        let online = info
+            .lines()
+            .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+            .count();
+        if online < replicas {
+            return Some(format!("{online} of {replicas} replicas online"));
+        }
+        for sentinel in &self.sentinels {
+            let text = sentinel
+                .cli(&["SENTINEL", "MASTER", SENTINEL_SERVICE])
+                .unwrap_or_default();
+            let field = |name: &str| {
+                let mut lines = text.lines();
+                while let Some(line) = lines.next() {
+                    if line == name {
+                        return lines.next().and_then(|v| v.parse::<usize>().ok());
+                    }
+                }
+                None
+            };
+            if field("num-slaves") != Some(replicas)
+                || field("num-other-sentinels") != Some(self.sentinels.len() - 1)
+            {
+                return Some(format!(
+                    "sentinel {} does not know the whole setup yet",
+                    sentinel.port()
+                ));
+            }
+        }
+        None
+    }
+
+    /// `redis-sentinel://127.0.0.1:S1?sentinelServiceName=fairlock&node=127.0.0.1:S2&…`, fred's
+    /// form of a Sentinel URL naming every sentinel.
+    pub fn url(&self) -> String {
+        let mut url = format!(
+            "redis-sentinel://127.0.0.1:{}?sentinelServiceName={SENTINEL_SERVICE}",
+            self.sentinels[0].port()
+        );
+        for sentinel in &self.sentinels[1..] {
+            url.push_str(&format!("&node=127.0.0.1:{}", sentinel.port()));
+        }
+        url
+    }
+
+    /// The port of the current primary, as the first sentinel that answers tells it.
+    pub fn primary_port(&self) -> io::Result<u16> {
+        for sentinel in &self.sentinels {
+            let Ok(reply) =
+                sentinel.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE])
+            else {
+                continue;
+            };
+            if let Some(port) = reply.lines().nth(1).and_then(|p| p.parse().ok()) {
+                return Ok(port);
+            }
+        }
+        Err(io::Error::other("no sentinel names a primary"))
+    }
+
+    /// The data node (primary or replica) on `port`.
+    pub fn node_on(&mut self, port: u16) -> Option<&mut RedisServer> {
+        self.nodes.iter_mut().find(|node| node.port() == port)
+    }
+
+    /// The data nodes, the first primary first.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Kills the current primary with SIGKILL and returns its port.
+    pub fn kill_primary(&mut self) -> io::Result<u16> {
+        let port = self.primary_port()?;
+        self.node_on(port)
+            .ok_or_else(|| io::Error::other(format!("no node on port {port}")))?
+            .stop();
+        Ok(port)
+    }
+
+    /// Waits (up to `timeout`) until the sentinels name a primary other than `old_port`, and it
+    /// answers as a primary.
+    pub fn wait_for_new_primary(&self, old_port: u16, timeout: Duration) -> io::Result<u16> {
+        let started = Instant::now();
+        loop {
+            if let Ok(port) = self.primary_port() {
+                if port != old_port {
+                    let role = self
+                        .nodes
+                        .iter()
+                        .find(|node| node.port() == port)
+                        .and_then(|node| node.cli(&["ROLE"]).ok())
+                        .unwrap_or_default();
+                    if role.starts_with("master") {
+                        return Ok(port);
+                    }
+                }
+            }
+            if started.elapsed() > timeout {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no new primary within {timeout:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
