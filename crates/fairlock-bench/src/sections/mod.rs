@@ -11,6 +11,7 @@ pub(crate) mod handoff;
 pub(crate) mod limit;
 pub(crate) mod many_locks;
 pub(crate) mod queue;
+pub(crate) mod replication;
 pub(crate) mod resources;
 mod support;
 pub(crate) mod uncontended;
@@ -34,13 +35,15 @@ pub(crate) enum SectionKey {
     Resources,
     /// The slowest script call under queue churn; keys of idle locks.
     Churn,
+    /// What waiting for a replica's acknowledgement costs.
+    Replication,
 }
 
 impl SectionKey {
     /// The sections run after the limit, in order. Resources goes first: it measures the
     /// client's memory growth per waiter, which memory freed by the queue section's 10,000
     /// waiters would otherwise hide (the allocator reuses it, so RSS does not grow).
-    pub(crate) const ALL_MEASURED: [SectionKey; 7] = [
+    pub(crate) const ALL_MEASURED: [SectionKey; 8] = [
         SectionKey::Resources,
         SectionKey::Uncontended,
         SectionKey::Handoff,
@@ -48,6 +51,7 @@ impl SectionKey {
         SectionKey::Queue,
         SectionKey::ManyLocks,
         SectionKey::Churn,
+        SectionKey::Replication,
     ];
 }
 
@@ -62,5 +66,6 @@ pub(crate) async fn run(key: SectionKey, bench: &Bench) -> Result<Section, BoxEr
         SectionKey::ManyLocks => many_locks::run(bench).await,
         SectionKey::Resources => resources::run(bench).await,
         SectionKey::Churn => churn::run(bench).await,
+        SectionKey::Replication => replication::run(bench).await,
     }
 }
