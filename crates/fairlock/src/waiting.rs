@@ -214,8 +214,14 @@ async fn acquire_inner(
             }
             other => other?,
         };
+        // A spent attempt right after a failed call is the backend having ended it (a grant
+        // it could not stand behind, e.g. unacknowledged by replicas): still the same outage,
+        // and no sign of a backend refusing fresh attempts.
+        let after_outage = attempt.failing;
         attempt.failing = false;
-        outage.succeeded();
+        if !(after_outage && matches!(outcome, (AcquireOutcome::Busy, _))) {
+            outage.succeeded();
+        }
         let (retry_after, last_token) = match outcome {
             (AcquireOutcome::Granted(grant), proven) => {
                 return Ok(attempt.hold(grant, proven + lease, false));
@@ -231,7 +237,9 @@ async fn acquire_inner(
             // that lapsed, a grant whose reply was lost and whose lease ran out). Go on as a
             // fresh attempt, at the tail of the queue.
             (AcquireOutcome::Busy, _) => {
-                renewed += 1;
+                if !after_outage {
+                    renewed += 1;
+                }
                 if renewed > MAX_RENEWALS {
                     // A fresh attempt cannot be spent: the backend breaks its contract.
                     return Err(Error::Backend {
