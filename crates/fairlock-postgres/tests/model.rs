@@ -1,0 +1,31 @@
+//! The reference model of one lock against a real PostgreSQL, on the server's clock.
+//!
+//! Each schedule's time unit is 200 ms: every lease and TTL lasts a whole number of units and
+//! a half, and the steps between two advances take a few milliseconds, so no deadline is near
+//! a check. `FAIRLOCK_MODEL_SCHEDULES=n` runs `n` random seeds, `FAIRLOCK_MODEL_SEED=s` one.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Server;
+use fairlock::conformance::{check_against_model, seeds_from_env, ModelClock, ModelConfig};
+
+/// Seeds that once failed, kept so that they never fail again.
+const REGRESSIONS: &[u64] = &[];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_agrees_with_the_model() {
+    let server = Server::start();
+    let backend = Arc::new(server.backend().await);
+    let config = ModelConfig {
+        clock: ModelClock::Real {
+            unit: Duration::from_millis(200),
+        },
+        steps: 150,
+        owners: 3,
+    };
+    let fixed: Vec<u64> = (0..8).chain(REGRESSIONS.iter().copied()).collect();
+    check_against_model(backend, config, &seeds_from_env(&fixed)).await;
+}
