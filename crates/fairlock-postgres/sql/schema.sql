@@ -160,12 +160,17 @@ CREATE OR REPLACE FUNCTION @schema@._head(p_name text, v_now timestamptz)
 RETURNS @schema@.waiters LANGUAGE plpgsql AS $$
 DECLARE
     w @schema@.waiters;
+    v_seq bigint;
 BEGIN
-    DELETE FROM @schema@.waiters
-    WHERE name = p_name AND seq IN (
+    -- Row by row, by primary key: a single DELETE ... WHERE seq IN (subquery) may be given
+    -- a plan that scans the lock's whole queue.
+    FOR v_seq IN
         SELECT seq FROM @schema@.waiters
         WHERE name = p_name AND deadline <= v_now
-        ORDER BY deadline LIMIT 8);
+        ORDER BY deadline LIMIT 8
+    LOOP
+        DELETE FROM @schema@.waiters WHERE name = p_name AND seq = v_seq;
+    END LOOP;
     LOOP
         SELECT * INTO w FROM @schema@.waiters WHERE name = p_name ORDER BY seq LIMIT 1;
         IF NOT FOUND OR w.deadline > v_now THEN
@@ -239,13 +244,21 @@ END $$;
 -- waits for anyone, so it cannot close a cycle of waits.
 CREATE OR REPLACE FUNCTION @schema@._gc(p_name text, v_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_attempt uuid;
 BEGIN
-    DELETE FROM @schema@.spent s
-    USING (SELECT name, attempt FROM @schema@.spent WHERE until <= v_now
-           ORDER BY until LIMIT 8 FOR UPDATE SKIP LOCKED) x
-    WHERE s.name = x.name AND s.attempt = x.attempt;
-    DELETE FROM @schema@.locks
-    WHERE name IN (SELECT name FROM @schema@.locks
-                   WHERE gc_after <= v_now AND name <> p_name
-                   ORDER BY gc_after LIMIT 2 FOR UPDATE SKIP LOCKED);
+    -- Row by row, by primary key, so no plan can turn this into a scan.
+    FOR v_name, v_attempt IN
+        SELECT name, attempt FROM @schema@.spent WHERE until <= v_now
+        ORDER BY until LIMIT 8 FOR UPDATE SKIP LOCKED
+    LOOP
+        DELETE FROM @schema@.spent WHERE name = v_name AND attempt = v_attempt;
+    END LOOP;
+    FOR v_name IN
+        SELECT name FROM @schema@.locks WHERE gc_after <= v_now AND name <> p_name
+        ORDER BY gc_after LIMIT 2 FOR UPDATE SKIP LOCKED
+    LOOP
+        DELETE FROM @schema@.locks WHERE name = v_name;
+    END LOOP;
 END $$;
