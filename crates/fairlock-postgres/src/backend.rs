@@ -87,7 +87,7 @@ impl PostgresBackend {
                 client.statement_cache.clear();
                 self.inner
                     .sql
-                    .install(&client)
+                    .install(&client, true)
                     .await
                     .map_err(|error| error::map(error, context))?;
                 Self::query(&client, query, params)

@@ -169,7 +169,7 @@ async fn build(
             .get()
             .await
             .map_err(|error| crate::backend::pool_error(error, context))?;
-        let installed = tokio::time::timeout(connect_timeout * 4, sql.install(&client))
+        let installed = tokio::time::timeout(connect_timeout * 4, sql.install(&client, false))
             .await
             .map_err(|_| error::unavailable(&endpoint, "creating the schema timed out"))?;
         installed.map_err(|error| error::map(error, context))?;

@@ -52,6 +52,12 @@ use crate::wake::Dispatcher;
 /// It holds a pool of connections that run the lock functions and one listening connection
 /// for wake-ups, whatever the number of locks and waiters. Cloning gives another handle to
 /// the same connections. Its `Debug` output never shows credentials.
+///
+/// # Cancel safety
+/// Each [`LockBackend`](fairlock::LockBackend) method is one SQL statement (one
+/// transaction): dropping its future at any point leaves the operation applied whole or not
+/// at all, and the connection usable (its reply is discarded). The core ends every attempt
+/// its caller abandoned, so no waiter and no hold outlives its TTL or lease.
 #[derive(Clone)]
 pub struct PostgresBackend {
     inner: Arc<Inner>,

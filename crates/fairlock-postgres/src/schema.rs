@@ -108,11 +108,16 @@ impl Sql {
         format!("LISTEN \"{}\"", self.channel)
     }
 
-    /// Creates the schema, its tables and functions unless this version is installed. Safe
+    /// Creates the schema, its tables and functions unless this version is installed (or
+    /// always, with `force`: something of it was found missing). Safe
     /// to run from many instances at once: the work is one transaction under an advisory
     /// lock, and every statement is idempotent. Also checks that the tables have the columns
     /// fairlock uses (a table of another program in the schema would not).
-    pub(crate) async fn install(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
+    pub(crate) async fn install(
+        &self,
+        client: &Client,
+        force: bool,
+    ) -> Result<(), tokio_postgres::Error> {
         let quoted = format!("\"{}\"", self.schema);
         let current = client
             .query_opt(
@@ -123,10 +128,11 @@ impl Sql {
                 &[],
             )
             .await;
-        let installed = match current {
-            Ok(Some(row)) => row.try_get::<_, String>(0).ok() == Some(self.version.clone()),
-            _ => false,
-        };
+        let installed = !force
+            && match current {
+                Ok(Some(row)) => row.try_get::<_, String>(0).ok() == Some(self.version.clone()),
+                _ => false,
+            };
         if !installed {
             // One transaction: all of it or nothing. The advisory lock (keyed by the schema
             // name) makes concurrent installers wait for each other instead of failing on

@@ -157,7 +157,6 @@ impl Drop for Registration {
 /// connection closes with its client).
 async fn listen_loop(dispatcher: Weak<Dispatcher>, config: tokio_postgres::Config, listen: String) {
     let mut pause = Duration::from_millis(50);
-    let mut first = true;
     loop {
         match config.connect(NoTls).await {
             Ok((client, mut connection)) => {
@@ -186,12 +185,9 @@ async fn listen_loop(dispatcher: Weak<Dispatcher>, config: tokio_postgres::Confi
                     };
                     pause = Duration::from_millis(50);
                     live.listening.send_replace(true);
-                    if !first {
-                        // Notifications sent while we were away are lost: everyone looks.
-                        tracing::debug!("fairlock-postgres: listening again; rechecking");
-                        live.recheck_all();
-                    }
-                    first = false;
+                    // Notifications sent before this LISTEN (while the connection was down,
+                    // or not made yet) are lost: every watch registered by then looks.
+                    live.recheck_all();
                     for payload in notifications.drain(..) {
                         live.deliver(&payload);
                     }
