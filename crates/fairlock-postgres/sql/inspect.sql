@@ -5,7 +5,10 @@
 CREATE OR REPLACE FUNCTION @schema@.inspect(p_name text)
 RETURNS TABLE (kind text, owner text, attempt uuid, token bigint, hold_count integer,
                left_us bigint, confirmed boolean)
-LANGUAGE plpgsql AS $$
+-- STABLE: every statement of the function reads the calling statement's snapshot (a
+-- VOLATILE function would take a new one per statement, and could pair a holder with a
+-- later queue).
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     l @schema@.locks;
     v_now timestamptz;

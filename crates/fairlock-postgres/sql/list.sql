@@ -3,7 +3,10 @@
 -- the "C"-collated primary key) and counts their live waiters.
 CREATE OR REPLACE FUNCTION @schema@.list(p_prefix text)
 RETURNS TABLE (name text, owner text, waiters bigint)
-LANGUAGE plpgsql AS $$
+-- STABLE: every statement of the function reads the calling statement's snapshot (a
+-- VOLATILE function would take a new one per statement, and could pair a holder with a
+-- later queue).
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_now timestamptz;
 BEGIN
