@@ -13,7 +13,8 @@
 -- Row-locking order, the same in every function, so no two operations deadlock:
 --   1. the lock's row in `locks` (SELECT ... FOR UPDATE, created first if missing);
 --   2. rows of that lock only, in `waiters` and `spent`;
---   3. last, the clean-up (_gc), which locks other rows only with SKIP LOCKED: it never waits.
+--   3. last, the clean-up (_gc), which locks other rows only with SKIP LOCKED: it never waits
+--      (and it deletes another lock's queue entries only after locking that lock's row so).
 -- A transaction waits only in steps 1 and 2, and in step 2 only for a holder of the same
 -- lock's row (impossible: it holds it) or for a clean-up, which never waits; so no cycle.
 
@@ -59,6 +60,8 @@ CREATE TABLE IF NOT EXISTS @schema@.waiters (
     UNIQUE (name, attempt)
 );
 CREATE INDEX IF NOT EXISTS waiters_deadline ON @schema@.waiters (name, deadline);
+-- For the clean-up of expired entries of locks nobody touches any more (_gc).
+CREATE INDEX IF NOT EXISTS waiters_expiry ON @schema@.waiters (deadline);
 
 -- Spent attempts (granted a level, released or abandoned), remembered until `until` (the
 -- resend horizon) so that a late re-send of them changes nothing.
@@ -239,14 +242,17 @@ BEGIN
 END $$;
 
 -- Bounded clean-up, the last step of every mutating function (step 3 of the locking order):
--- up to 8 spent-attempt records past their horizon, and up to 2 locks' rows past gc_after
--- (idle for the fence margin; their expired waiters go with them). SKIP LOCKED: it never
--- waits for anyone, so it cannot close a cycle of waits.
+-- up to 8 spent-attempt records past their horizon; up to 8 expired queue entries of one
+-- other lock (so a queue whose waiters died leaves nothing, even if nobody touches that lock
+-- again); and up to 2 locks' rows past gc_after (idle for the fence margin; any expired
+-- waiters left go with them). SKIP LOCKED: it never waits for anyone, so it cannot close a
+-- cycle of waits; and it touches another lock's queue only while holding that lock's row.
 CREATE OR REPLACE FUNCTION @schema@._gc(p_name text, v_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_name text;
     v_attempt uuid;
+    v_seq bigint;
 BEGIN
     -- Row by row, by primary key, so no plan can turn this into a scan.
     FOR v_name, v_attempt IN
@@ -255,6 +261,21 @@ BEGIN
     LOOP
         DELETE FROM @schema@.spent WHERE name = v_name AND attempt = v_attempt;
     END LOOP;
+    SELECT name INTO v_name FROM @schema@.waiters
+    WHERE deadline <= v_now AND name <> p_name
+    ORDER BY deadline LIMIT 1;
+    IF FOUND THEN
+        PERFORM 1 FROM @schema@.locks WHERE name = v_name FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            FOR v_seq IN
+                SELECT seq FROM @schema@.waiters
+                WHERE name = v_name AND deadline <= v_now
+                ORDER BY deadline LIMIT 8
+            LOOP
+                DELETE FROM @schema@.waiters WHERE name = v_name AND seq = v_seq;
+            END LOOP;
+        END IF;
+    END IF;
     FOR v_name IN
         SELECT name FROM @schema@.locks WHERE gc_after <= v_now AND name <> p_name
         ORDER BY gc_after LIMIT 2 FOR UPDATE SKIP LOCKED

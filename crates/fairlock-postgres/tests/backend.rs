@@ -254,6 +254,35 @@ async fn a_killed_listening_connection_comes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiters_of_a_lock_nobody_touches_are_deleted() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let holding = fairlock::backend::AcquireRequest {
+        lease: Duration::from_millis(300),
+        ..request(&lock, &owner("holder"), false)
+    };
+    backend.acquire(&holding).await.unwrap();
+    for i in 0..3 {
+        let waiting = fairlock::backend::AcquireRequest {
+            waiter_ttl: Duration::from_millis(300),
+            ..request(&lock, &owner(&format!("w{i}")), true)
+        };
+        backend.acquire(&waiting).await.unwrap();
+    }
+    assert_eq!(count(&server, "SELECT count(*) FROM fairlock.waiters"), 3);
+    // Everyone dies: nobody calls on this lock again. Any operation on another lock deletes
+    // the dead entries, long before the fence margin.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(backend.inspect(&lock).await.unwrap().waiters.is_empty());
+    backend
+        .acquire(&request(&name(), &owner("other"), false))
+        .await
+        .unwrap();
+    assert_eq!(count(&server, "SELECT count(*) FROM fairlock.waiters"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() {
     let server = Server::start();
     let backend = PostgresBackend::builder(server.url())
