@@ -134,25 +134,22 @@ impl Sql {
                 _ => false,
             };
         if !installed {
-            // One transaction: all of it or nothing. The advisory lock (keyed by the schema
-            // name) makes concurrent installers wait for each other instead of failing on
-            // CREATE SCHEMA/TABLE races.
+            // One simple-protocol query: PostgreSQL runs a multi-statement query string as
+            // one implicit transaction, all of it or nothing, and a failure leaves the
+            // session idle (no aborted transaction block to clean up, even if this future is
+            // dropped). The advisory lock (keyed by the schema name, held to the end of that
+            // transaction) makes concurrent installers wait for each other instead of failing
+            // on CREATE SCHEMA/TABLE races.
             let script = format!(
-                "BEGIN;\n\
-                 SELECT pg_advisory_xact_lock(hashtext('fairlock schema {schema}'));\n\
+                "SELECT pg_advisory_xact_lock(hashtext('fairlock schema {schema}'));\n\
                  {install}\n\
                  DELETE FROM {quoted}.meta;\n\
-                 INSERT INTO {quoted}.meta (version) VALUES ('{version}');\n\
-                 COMMIT;",
+                 INSERT INTO {quoted}.meta (version) VALUES ('{version}');",
                 schema = self.schema,
                 install = self.install,
                 version = self.version,
             );
-            if let Err(error) = client.batch_execute(&script).await {
-                // The connection may be left in the failed transaction.
-                let _ = client.batch_execute("ROLLBACK").await;
-                return Err(error);
-            }
+            client.batch_execute(&script).await?;
         }
         client
             .batch_execute(&format!(
