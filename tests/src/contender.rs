@@ -19,7 +19,7 @@ use crate::protocol::{epoch_ns, Event};
 /// How to run one contender. Unset durations keep fairlock's defaults.
 #[derive(Clone, Debug, Default)]
 pub struct Spec {
-    /// The Redis URL (a loopback test server).
+    /// The store's URL (a loopback test server): Redis, or `postgres://` for PostgreSQL.
     pub url: String,
     /// The lock name.
     pub name: String,

@@ -3,16 +3,29 @@
 use std::time::{Duration, Instant};
 
 use fairlock::{LockClient, LockState};
+use fairlock_postgres::PostgresBackend;
 use fairlock_redis::RedisBackend;
 
 /// How often a deadline loop asks the store again.
 const POLL: Duration = Duration::from_millis(10);
 
-/// A client for reading lock states (the test never locks through it).
+/// Whether `url` names a PostgreSQL server (`postgres://` or `postgresql://`), not Redis.
+pub fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// A client for reading lock states (the test never locks through it), on Redis or, for a
+/// `postgres://` URL, PostgreSQL.
 ///
 /// # Panics
 /// If the server cannot be reached.
 pub async fn observer(url: &str) -> LockClient {
+    if is_postgres(url) {
+        let backend = PostgresBackend::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("observer cannot connect to {url}: {e}"));
+        return LockClient::new(backend);
+    }
     let backend = RedisBackend::connect(url)
         .await
         .unwrap_or_else(|e| panic!("observer cannot connect to {url}: {e}"));

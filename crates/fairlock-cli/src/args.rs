@@ -41,7 +41,7 @@ Environment:
   name; FAIRLOCK_LOG sets a tracing filter for diagnostics (e.g. FAIRLOCK_LOG=debug).
   The command run by `exec` gets FAIRLOCK_NAME (the lock) and FAIRLOCK_TOKEN (the fencing token).";
 
-/// `fairlock`: fair (FIFO), reentrant, distributed locks on Redis, from the shell.
+/// `fairlock`: fair (FIFO), reentrant, distributed locks on Redis or PostgreSQL, from the shell.
 #[derive(Debug, Parser)]
 #[command(name = "fairlock", version, after_help = EXAMPLES)]
 pub(crate) struct Cli {
@@ -56,8 +56,8 @@ pub(crate) struct Cli {
 /// Options that say which store to use; accepted before or after the subcommand.
 #[derive(Debug, Args)]
 pub(crate) struct StoreArgs {
-    /// Redis URL: redis://host:port or redis://user:pass@host:port/db; rediss:// for TLS,
-    /// redis-cluster:// for a cluster.
+    /// Store URL: redis://host:port or redis://user:pass@host:port/db; rediss:// for TLS,
+    /// redis-cluster:// for a cluster; postgres://user:pass@host:port/db for PostgreSQL.
     #[arg(
         long,
         env = "FAIRLOCK_URL",
@@ -66,7 +66,8 @@ pub(crate) struct StoreArgs {
         global = true
     )]
     pub(crate) url: String,
-    /// Prefix of every key fairlock writes [default: the backend's, `fairlock:`].
+    /// Prefix of every key fairlock writes [default: the backend's, `fairlock:`]; on
+    /// PostgreSQL, the schema of fairlock's tables [default: `fairlock`].
     #[arg(long, env = "FAIRLOCK_PREFIX", global = true)]
     pub(crate) prefix: Option<String>,
     /// How long to try reaching the store before giving up (exit 69).

@@ -1,27 +1,52 @@
-//! Reaching the store: a [`LockClient`] over Redis from `--url` and `--prefix`.
+//! Reaching the store: a [`LockClient`] over Redis or PostgreSQL from `--url` and `--prefix`.
 
+use std::future::Future;
 use std::time::Duration;
 
 use fairlock::LockClient;
+use fairlock_postgres::PostgresBackend;
 use fairlock_redis::RedisBackend;
 
 use crate::args::StoreArgs;
 use crate::exit::{Failure, UNAVAILABLE};
 
-/// Connects to the store, giving up after `--connect-timeout`.
+/// Whether `url` names a PostgreSQL server rather than Redis.
+pub(crate) fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Connects to the store, giving up after `--connect-timeout`: PostgreSQL for
+/// `postgres://` and `postgresql://` URLs (`--prefix` is then the schema), Redis otherwise.
 pub(crate) async fn connect(store: &StoreArgs) -> Result<LockClient, Failure> {
+    if is_postgres(&store.url) {
+        let mut builder =
+            PostgresBackend::builder(&store.url).connect_timeout(store.connect_timeout);
+        if let Some(schema) = &store.prefix {
+            builder = builder.schema(schema);
+        }
+        return bounded(store, "postgres", builder.connect()).await;
+    }
     let mut builder = RedisBackend::builder(&store.url).connect_timeout(store.connect_timeout);
     if let Some(prefix) = &store.prefix {
         builder = builder.prefix(prefix);
     }
-    // The backend keeps its own timeout; this one only guards against it hanging.
+    bounded(store, "redis", builder.connect()).await
+}
+
+/// Awaits `connecting`; the backend keeps its own timeout, this one only guards against it
+/// hanging.
+async fn bounded<B: fairlock::LockBackend>(
+    store: &StoreArgs,
+    backend: &str,
+    connecting: impl Future<Output = fairlock::Result<B>>,
+) -> Result<LockClient, Failure> {
     let limit = store.connect_timeout + Duration::from_secs(1);
-    match tokio::time::timeout(limit, builder.connect()).await {
+    match tokio::time::timeout(limit, connecting).await {
         Ok(backend) => Ok(LockClient::new(backend?)),
         Err(_elapsed) => Err(Failure::new(
             UNAVAILABLE,
             format!(
-                "redis backend cannot reach {}: no connection within {}",
+                "{backend} backend cannot reach {}: no connection within {}",
                 redact(&store.url),
                 humantime::format_duration(limit),
             ),
@@ -63,5 +88,9 @@ mod tests {
         );
         assert_eq!(redact("redis://host/0?x=a@b"), "redis://host/0?x=a@b");
         assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! Test support for fairlock: real `redis-server` processes and Redis Clusters on free
-//! loopback ports, started on demand and stopped when dropped.
+//! Test support for fairlock: real `redis-server` processes, Redis Clusters and PostgreSQL
+//! clusters ([`PostgresServer`]) on free loopback ports, started on demand and stopped when
+//! dropped.
 //!
 //! Everything binds to and talks to `127.0.0.1` only. Each server runs in its own temporary
 //! directory and its own process group, and is killed (with the whole group) and reaped when
@@ -11,7 +12,8 @@
 //! servers: ports are chosen free, never handed out twice by one process, and a start that loses
 //! a port race to another process is retried on another port.
 //!
-//! A missing `redis-server` is a test failure, never a skip: see [`require_redis`]. So is a
+//! A missing `redis-server` is a test failure, never a skip: see [`require_redis`]; likewise
+//! a missing PostgreSQL: see [`require_postgres`]. So is a
 //! missing Redis 6.2 for the tests of the oldest supported Redis: see [`redis62_server`].
 //!
 //! ```no_run
@@ -26,6 +28,7 @@
 
 mod cluster;
 mod ports;
+mod postgres;
 mod resp;
 mod sentinel;
 mod server;
@@ -38,6 +41,7 @@ use std::sync::OnceLock;
 
 pub use cluster::RedisCluster;
 pub use ports::free_port;
+pub use postgres::{require_postgres, PostgresServer, PG_BINDIR_ENV};
 pub use sentinel::{RedisSentinels, SENTINEL_SERVICE};
 pub use server::RedisServer;
 pub use tempdir::TempDir;

@@ -1,6 +1,7 @@
-//! A process that uses fairlock over Redis the way an application would, and reports what it
-//! does as lines on standard output (see `fairlock_faults::protocol`) for the fault suite's
-//! multi-process tests to check.
+//! A process that uses fairlock over Redis or PostgreSQL the way an application would, and
+//! reports what it does as lines on standard output (see `fairlock_faults::protocol`) for the
+//! fault suite's multi-process tests to check. The URL picks the store: `postgres://` or
+//! `postgresql://` for PostgreSQL, anything else for Redis.
 //!
 //! ```text
 //! contender --url URL --name LOCK [--mode loop|hold] [--count K] [--counter KEY]
@@ -8,7 +9,10 @@
 //! ```
 //!
 //! - `loop`: K acquisitions; under each, a deliberately non-atomic GET, pause, SET + 1 of the
-//!   counter key, so that any overlap of two holders loses an increment.
+//!   counter key, so that any overlap of two holders loses an increment. On PostgreSQL the
+//!   counter is the row `key` of the table `fault_counter (key text PRIMARY KEY, value
+//!   bigint)`, which the test creates: a SELECT, pause, then an upsert of value + 1, each its
+//!   own transaction.
 //! - `hold` (default): one acquisition, held for `--hold-ms`, or else until the line `release`
 //!   arrives on standard input. Tests SIGKILL it while it holds or while it waits.
 //!
@@ -19,8 +23,12 @@ use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use fairlock::{FairLock, LockClient, LockOptions};
+use fairlock::{FairLock, LockBackend, LockClient, LockOptions};
 use fairlock_faults::protocol::{epoch_ns, Event};
+use fairlock_faults::store_view::is_postgres;
+use fairlock_postgres::tokio_postgres;
+use fairlock_postgres::PostgresBackend;
+use fairlock_redis::fred::clients::Client as RedisClient;
 use fairlock_redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
 use fairlock_redis::RedisBackend;
 use tokio::sync::mpsc;
@@ -104,9 +112,21 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), String> {
     let args = parse_args()?;
     let releases = watch_stdin();
-    let backend = RedisBackend::connect(&args.url)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let backend: std::sync::Arc<dyn LockBackend> = if is_postgres(&args.url) {
+        std::sync::Arc::new(
+            PostgresBackend::builder(&args.url)
+                .pool_size(2)
+                .connect()
+                .await
+                .map_err(|e| format!("connect: {e}"))?,
+        )
+    } else {
+        std::sync::Arc::new(
+            RedisBackend::connect(&args.url)
+                .await
+                .map_err(|e| format!("connect: {e}"))?,
+        )
+    };
     let mut options = LockOptions {
         lease: args.lease,
         ..LockOptions::default()
@@ -117,7 +137,7 @@ async fn run() -> Result<(), String> {
     if let Some(ttl) = args.ttl {
         options.waiter_ttl = ttl;
     }
-    let client = LockClient::new(backend)
+    let client = LockClient::from_arc(backend)
         .with_options(options)
         .map_err(|e| format!("options: {e}"))?;
     let lock = client
@@ -125,19 +145,13 @@ async fn run() -> Result<(), String> {
         .map_err(|e| format!("lock name: {e}"))?;
     if args.looping {
         let key = args.counter.clone().ok_or("loop mode needs --counter")?;
-        let counter = Builder::from_config(Config::from_url(&args.url).map_err(|e| e.to_string())?)
-            .build()
-            .map_err(|e| e.to_string())?;
-        counter.init().await.map_err(|e| format!("counter: {e}"))?;
+        let counter = Counter::connect(&args.url, key).await?;
         ready(&lock);
         for seq in 0..args.count {
             let guard = acquire(&lock, seq).await?;
-            let seen: Option<i64> = counter.get(&key).await.map_err(|e| e.to_string())?;
+            let seen = counter.get().await?;
             tokio::time::sleep(RACE_WINDOW).await;
-            let () = counter
-                .set(&key, seen.unwrap_or(0) + 1, None, None, false)
-                .await
-                .map_err(|e| e.to_string())?;
+            counter.set(seen + 1).await?;
             let released_at = epoch_ns();
             guard
                 .unlock()
@@ -152,6 +166,63 @@ async fn run() -> Result<(), String> {
     } else {
         ready(&lock);
         hold(&lock, args.hold, releases).await
+    }
+}
+
+/// The counter that loop mode increments non-atomically under the lock.
+enum Counter {
+    Redis(RedisClient, String),
+    Postgres(tokio_postgres::Client, String),
+}
+
+impl Counter {
+    async fn connect(url: &str, key: String) -> Result<Counter, String> {
+        if is_postgres(url) {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("counter: {e}"))?;
+            tokio::spawn(connection);
+            return Ok(Counter::Postgres(client, key));
+        }
+        let client = Builder::from_config(Config::from_url(url).map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?;
+        client.init().await.map_err(|e| format!("counter: {e}"))?;
+        Ok(Counter::Redis(client, key))
+    }
+
+    async fn get(&self) -> Result<i64, String> {
+        match self {
+            Counter::Redis(client, key) => {
+                let seen: Option<i64> = client.get(key).await.map_err(|e| e.to_string())?;
+                Ok(seen.unwrap_or(0))
+            }
+            Counter::Postgres(client, key) => {
+                let row = client
+                    .query_opt("SELECT value FROM fault_counter WHERE key = $1", &[key])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(row.map_or(0, |row| row.get(0)))
+            }
+        }
+    }
+
+    async fn set(&self, value: i64) -> Result<(), String> {
+        match self {
+            Counter::Redis(client, key) => client
+                .set(key, value, None, None, false)
+                .await
+                .map_err(|e| e.to_string()),
+            Counter::Postgres(client, key) => client
+                .execute(
+                    "INSERT INTO fault_counter (key, value) VALUES ($1, $2) \
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    &[key, &value],
+                )
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        }
     }
 }
 

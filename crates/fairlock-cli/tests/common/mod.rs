@@ -1,4 +1,5 @@
-//! Running the built `fairlock` binary against a private `redis-server` on 127.0.0.1.
+//! Running the built `fairlock` binary against a private `redis-server` or PostgreSQL on
+//! 127.0.0.1.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -7,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fairlock_testsupport::{RedisServer, TempDir};
+use fairlock_testsupport::{PostgresServer, RedisServer, TempDir};
 use serde_json::Value;
 
 /// Exit codes documented in `fairlock --help`.
@@ -16,16 +17,40 @@ pub const UNAVAILABLE: i32 = 69;
 pub const TEMPFAIL: i32 = 75;
 pub const LEASE_LOST: i32 = 76;
 
-/// One test's world: a Redis server of its own and a scratch directory.
+/// The store a world's `fairlock` talks to.
+pub enum Store {
+    Redis(RedisServer),
+    Postgres(PostgresServer),
+}
+
+impl Store {
+    pub fn url(&self) -> String {
+        match self {
+            Store::Redis(server) => server.url(),
+            Store::Postgres(server) => server.url(),
+        }
+    }
+}
+
+/// One test's world: a store of its own and a scratch directory.
 pub struct World {
-    pub server: RedisServer,
+    pub server: Store,
     dir: TempDir,
 }
 
 impl World {
+    /// A world on Redis.
     pub fn new() -> Self {
         World {
-            server: RedisServer::start().expect("redis-server starts"),
+            server: Store::Redis(RedisServer::start().expect("redis-server starts")),
+            dir: TempDir::new("cli").expect("a scratch directory"),
+        }
+    }
+
+    /// A world on PostgreSQL (`--url postgres://...`).
+    pub fn postgres() -> Self {
+        World {
+            server: Store::Postgres(PostgresServer::start().expect("postgres starts")),
             dir: TempDir::new("cli").expect("a scratch directory"),
         }
     }

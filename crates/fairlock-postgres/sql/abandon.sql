@@ -1,0 +1,47 @@
+-- abandon: ends p_attempt whatever it has: its queue entry, its pending or confirmed level
+-- (handing the lock on if that was the last level). Records it as spent, also when it had
+-- nothing.
+CREATE OR REPLACE FUNCTION @schema@.abandon(
+    p_name text, p_owner text, p_attempt uuid, p_horizon_ms bigint, p_margin_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    l @schema@.locks;
+    v_orig @schema@.locks;
+    v_now timestamptz;
+    v_head @schema@.waiters;
+    v_was_head boolean;
+    v_freed boolean := false;
+BEGIN
+    l := @schema@._lock_row(p_name, false, p_margin_ms);
+    v_orig := l;
+    v_now := clock_timestamp();
+    PERFORM @schema@._spend(p_name, p_attempt, v_now, p_horizon_ms);
+    IF l.name IS NULL THEN
+        PERFORM @schema@._gc(p_name, v_now);
+        RETURN;
+    END IF;
+    l := @schema@._settle(l, v_now);
+    v_head := @schema@._head(p_name, v_now);
+    v_was_head := v_head.attempt = p_attempt;
+    DELETE FROM @schema@.waiters WHERE name = p_name AND attempt = p_attempt;
+    IF l.owner = p_owner THEN
+        IF l.pending = p_attempt THEN
+            l.pending := NULL;
+            l.pending_until := NULL;
+        ELSE
+            l.levels := array_remove(l.levels, p_attempt);
+        END IF;
+        IF @schema@._count(l) = 0 THEN
+            l := @schema@._settle(l, v_now);
+            v_freed := true;
+        END IF;
+    END IF;
+    IF v_freed THEN
+        l := @schema@._hand_over(l, v_now, p_horizon_ms);
+    ELSIF v_was_head AND l.owner IS NULL THEN
+        -- The lock is free: the new head may take it now rather than at its heartbeat.
+        PERFORM @schema@._recheck_head(p_name, v_now);
+    END IF;
+    PERFORM @schema@._save(l, v_orig, v_now, p_margin_ms);
+    PERFORM @schema@._gc(p_name, v_now);
+END $$;

@@ -1,0 +1,51 @@
+-- release: removes the level of p_attempt from p_owner's hold with token p_token, and ends
+-- the attempt (records it as spent). At 0 levels the lock is handed to the head waiter.
+-- Returns 'R <levels left>' or 'N' (not held: nothing else changed).
+CREATE OR REPLACE FUNCTION @schema@.release(
+    p_name text, p_owner text, p_token bigint, p_attempt uuid,
+    p_horizon_ms bigint, p_margin_ms bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    l @schema@.locks;
+    v_orig @schema@.locks;
+    v_now timestamptz;
+    v_already boolean;
+    v_remaining integer;
+BEGIN
+    l := @schema@._lock_row(p_name, false, p_margin_ms);
+    v_orig := l;
+    v_now := clock_timestamp();
+    v_already := @schema@._spend(p_name, p_attempt, v_now, p_horizon_ms);
+    IF l.name IS NULL THEN
+        PERFORM @schema@._gc(p_name, v_now);
+        RETURN 'N';
+    END IF;
+    l := @schema@._settle(l, v_now);
+    IF l.owner IS DISTINCT FROM p_owner OR l.token <> p_token THEN
+        PERFORM @schema@._save(l, v_orig, v_now, p_margin_ms);
+        PERFORM @schema@._gc(p_name, v_now);
+        RETURN 'N';
+    END IF;
+    IF l.pending = p_attempt THEN
+        l.pending := NULL;
+        l.pending_until := NULL;
+    ELSIF p_attempt = ANY (l.levels) THEN
+        l.levels := array_remove(l.levels, p_attempt);
+    ELSE
+        -- No level of it: a re-sent release (the attempt was spent) or a stranger's.
+        PERFORM @schema@._save(l, v_orig, v_now, p_margin_ms);
+        PERFORM @schema@._gc(p_name, v_now);
+        IF v_already THEN
+            RETURN 'R ' || @schema@._count(l);
+        END IF;
+        RETURN 'N';
+    END IF;
+    v_remaining := @schema@._count(l);
+    IF v_remaining = 0 THEN
+        l := @schema@._settle(l, v_now);
+        l := @schema@._hand_over(l, v_now, p_horizon_ms);
+    END IF;
+    PERFORM @schema@._save(l, v_orig, v_now, p_margin_ms);
+    PERFORM @schema@._gc(p_name, v_now);
+    RETURN 'R ' || v_remaining;
+END $$;

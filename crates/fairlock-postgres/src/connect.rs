@@ -1,0 +1,203 @@
+//! Building a [`PostgresBackend`]: from a URL, or from a pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::config::Host;
+use tokio_postgres::NoTls;
+
+use crate::error::{self, Context};
+use crate::schema::{self, Sql, DEFAULT_SCHEMA};
+use crate::wake::Dispatcher;
+use crate::{Inner, PostgresBackend};
+
+/// The default connection pool size.
+const DEFAULT_POOL_SIZE: usize = 8;
+/// The default limit on making a connection.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an idle lock's row is kept by default (see [`PostgresBackendBuilder::fence_margin`]).
+const DEFAULT_FENCE_MARGIN: Duration = Duration::from_secs(600);
+
+/// Settings for a [`PostgresBackend`]; made by [`PostgresBackend::builder`].
+#[derive(Clone)]
+pub struct PostgresBackendBuilder {
+    url: String,
+    schema: String,
+    pool_size: usize,
+    connect_timeout: Duration,
+    fence_margin: Duration,
+}
+
+impl std::fmt::Debug for PostgresBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password: never shown.
+        f.debug_struct("PostgresBackendBuilder")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("fence_margin", &self.fence_margin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackendBuilder {
+    pub(crate) fn new(url: String) -> Self {
+        PostgresBackendBuilder {
+            url,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            fence_margin: DEFAULT_FENCE_MARGIN,
+        }
+    }
+
+    /// The schema for fairlock's tables and functions (default `fairlock`): 1 to
+    /// [`MAX_SCHEMA_LEN`](crate::MAX_SCHEMA_LEN) bytes of `a-z`, `0-9` and `_`, not starting
+    /// with a digit. Backends with different schemas share nothing. Checked by
+    /// [`connect`](Self::connect).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// How many connections run lock operations at once (default 8, at least 1). The
+    /// listening connection comes on top.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// The limit on making one connection, and on waiting for a free one in the pool
+    /// (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long the row of an idle lock, which keeps its last fencing token, outlives
+    /// everything else of the lock (default 10 minutes). Fencing tokens also never fall
+    /// below the server's clock in microseconds, so they keep increasing after the row is
+    /// gone unless the server's clock steps back by more than this (see `docs/postgres.md`).
+    pub fn fence_margin(mut self, margin: Duration) -> Self {
+        self.fence_margin = margin.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Connects, creates the schema if it is missing, and starts listening for wake-ups.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing behind but connections that close.
+    ///
+    /// # Errors
+    /// As [`PostgresBackend::connect`], and [`fairlock::Error::InvalidArgument`] for an
+    /// invalid schema.
+    pub async fn connect(self) -> fairlock::Result<PostgresBackend> {
+        schema::validate(&self.schema)?;
+        let mut config: tokio_postgres::Config =
+            self.url
+                .parse()
+                .map_err(|error| fairlock::Error::InvalidArgument {
+                    what: "postgres url",
+                    reason: format!("{error}"),
+                })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(self.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("fairlock");
+        }
+        // A half-open listening connection is noticed within about a minute.
+        config.keepalives(true);
+        config.keepalives_idle(Duration::from_secs(30));
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(self.connect_timeout))
+            .create_timeout(Some(self.connect_timeout))
+            .build()
+            .map_err(|error| error::unavailable(&endpoint(&config), error.to_string()))?;
+        build(
+            pool,
+            config,
+            &self.schema,
+            self.fence_margin,
+            self.connect_timeout,
+        )
+        .await
+    }
+}
+
+pub(crate) async fn from_pool(
+    pool: Pool,
+    listen: tokio_postgres::Config,
+    schema: &str,
+) -> fairlock::Result<PostgresBackend> {
+    schema::validate(schema)?;
+    build(
+        pool,
+        listen,
+        schema,
+        DEFAULT_FENCE_MARGIN,
+        DEFAULT_CONNECT_TIMEOUT,
+    )
+    .await
+}
+
+async fn build(
+    pool: Pool,
+    listen: tokio_postgres::Config,
+    schema: &str,
+    fence_margin: Duration,
+    connect_timeout: Duration,
+) -> fairlock::Result<PostgresBackend> {
+    let endpoint = endpoint(&listen);
+    let sql = Sql::new(schema);
+    let context = Context {
+        endpoint: &endpoint,
+        lock: None,
+    };
+    {
+        let client = pool
+            .get()
+            .await
+            .map_err(|error| crate::backend::pool_error(error, context))?;
+        let installed = tokio::time::timeout(connect_timeout * 4, sql.install(&client, false))
+            .await
+            .map_err(|_| error::unavailable(&endpoint, "creating the schema timed out"))?;
+        installed.map_err(|error| error::map(error, context))?;
+    }
+    let dispatcher = Dispatcher::start(listen, sql.listen());
+    // Normally up at once; if not, waiters rely on their heartbeats until it is.
+    if !dispatcher.wait_listening(connect_timeout).await {
+        tracing::warn!(endpoint, "fairlock-postgres: the wake-up connection is not listening yet; waiters rely on heartbeats until it is");
+    }
+    Ok(PostgresBackend {
+        inner: Arc::new(Inner {
+            pool,
+            dispatcher,
+            sql,
+            endpoint,
+            fence_margin,
+        }),
+    })
+}
+
+/// `host:port/database` of a config, without user or password.
+fn endpoint(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("");
+    format!("{host}:{port}/{db}")
+}

@@ -1,0 +1,353 @@
+//! The PostgreSQL backend's own promises, beyond the conformance suite: schema creation,
+//! typed errors, one listening connection restored after it is killed, nothing left behind,
+//! tokens across the collection of an idle lock's row.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{name, owner, request, Server};
+use fairlock::backend::{AcquireOutcome, LockBackend, ReleaseOutcome};
+use fairlock::{Error, LockClient, LockOptions};
+use fairlock_postgres::PostgresBackend;
+
+fn count(server: &Server, sql: &str) -> u64 {
+    server.psql(sql).parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_use_creates_the_schema_once() {
+    let server = Server::start();
+    let connects = (0..8).map(|_| {
+        PostgresBackend::builder(server.url())
+            .schema("race")
+            .pool_size(1)
+            .connect()
+    });
+    let backends: Vec<PostgresBackend> = futures::future::join_all(connects)
+        .await
+        .into_iter()
+        .map(|backend| backend.expect("every concurrent first use succeeds"))
+        .collect();
+    let lock = name();
+    let first = request(&lock, &owner("a"), true);
+    assert!(matches!(
+        backends[0].acquire(&first).await.unwrap(),
+        AcquireOutcome::Granted(_)
+    ));
+    assert_eq!(
+        backends[7]
+            .inspect(&lock)
+            .await
+            .unwrap()
+            .holder
+            .unwrap()
+            .owner,
+        "a"
+    );
+    assert_eq!(count(&server, "SELECT count(*) FROM race.meta"), 1);
+}
+
+#[tokio::test]
+async fn invalid_schemas_and_urls_are_rejected_before_connecting() {
+    for schema in ["", "Upper", "a;b", "x\"; DROP SCHEMA public; --", "9x"] {
+        let error = PostgresBackend::builder("postgres://127.0.0.1:1/x")
+            .schema(schema)
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidArgument { .. }),
+            "{schema:?}: {error}"
+        );
+    }
+    let error = PostgresBackend::connect("postgres://host:notaport/x")
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    let port = fairlock_testsupport::free_port().unwrap();
+    let started = Instant::now();
+    let error = PostgresBackend::builder(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    assert!(error.to_string().contains(&port.to_string()), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemas_are_separate() {
+    let server = Server::start();
+    let a = PostgresBackend::builder(server.url())
+        .schema("tenant_a")
+        .connect()
+        .await
+        .unwrap();
+    let b = PostgresBackend::builder(server.url())
+        .schema("tenant_b")
+        .connect()
+        .await
+        .unwrap();
+    let lock = name();
+    for backend in [&a, &b] {
+        assert!(matches!(
+            backend
+                .acquire(&request(&lock, &owner("x"), false))
+                .await
+                .unwrap(),
+            AcquireOutcome::Granted(_)
+        ));
+    }
+    assert_eq!(a.schema(), "tenant_a");
+    assert_eq!(b.channel(), "tenant_b_wake");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_tables_are_a_conflict() {
+    let server = Server::start();
+    server.psql("CREATE SCHEMA other; CREATE TABLE other.locks (id int PRIMARY KEY)");
+    let error = PostgresBackend::builder(server.url())
+        .schema("other")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Conflict { .. }), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_denied_is_a_typed_error() {
+    let server = Server::start();
+    server.psql("CREATE ROLE weak LOGIN; REVOKE CREATE ON DATABASE postgres FROM PUBLIC");
+    let port = server.0.port();
+    let error = PostgresBackend::connect(&format!("postgres://weak@127.0.0.1:{port}/postgres"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Backend { .. }), "{error:?}");
+    assert!(error.to_string().contains("permission denied"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_schema_is_created_again() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    backend
+        .acquire(&request(&lock, &owner("a"), false))
+        .await
+        .unwrap();
+    server.psql("DROP SCHEMA fairlock CASCADE");
+    let outcome = backend
+        .acquire(&request(&lock, &owner("b"), false))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+}
+
+/// Whether the `LISTEN` connections of the server, by backend pid.
+fn listeners(server: &Server) -> Vec<String> {
+    let pids = server.psql(
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+    );
+    pids.lines()
+        .map(str::to_owned)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_listening_connection_whatever_the_waiters() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let client = LockClient::new(backend.clone());
+    let holder = LockClient::new(server.backend().await);
+    let names: Vec<String> = (0..40).map(|i| format!("many-{i}")).collect();
+    let mut guards = Vec::new();
+    for lock in &names {
+        guards.push(holder.fair_lock(lock).unwrap().lock().await.unwrap());
+    }
+    let waits: Vec<_> = names
+        .iter()
+        .map(|lock| {
+            let lock = client.fair_lock(lock).unwrap();
+            tokio::spawn(async move { lock.lock().await.unwrap().unlock().await.unwrap() })
+        })
+        .collect();
+    while backend.watch_count() < names.len() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One per backend instance: `backend` and `holder`'s.
+    assert_eq!(listeners(&server).len(), 2);
+    for guard in guards {
+        guard.unlock().await.unwrap();
+    }
+    for wait in waits {
+        wait.await.unwrap();
+    }
+    assert_eq!(backend.watch_count(), 0, "every watch unregistered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_listening_connection_comes_back() {
+    let server = Server::start();
+    let waiter_backend = server.backend().await;
+    let holder_backend = server.backend().await;
+    // Heartbeats every 20 s: a waiter woken sooner was woken by a notification.
+    let options = LockOptions {
+        waiter_ttl: Duration::from_secs(60),
+        ..LockOptions::default()
+    };
+    let waiters = LockClient::new(waiter_backend.clone())
+        .with_options(options.clone())
+        .unwrap();
+    let holders = LockClient::new(holder_backend)
+        .with_options(options)
+        .unwrap();
+    for round in 0..3 {
+        let before = listeners(&server);
+        assert_eq!(before.len(), 2, "round {round}: {before:?}");
+        server.psql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = listeners(&server);
+            if now.len() == 2 && now.iter().all(|pid| !before.contains(pid)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the listeners did not come back: {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(waiter_backend.wait_listening(Duration::from_secs(5)).await);
+        let lock = format!("relisten-{round}");
+        let held = holders.fair_lock(&lock).unwrap().lock().await.unwrap();
+        let wait = {
+            let lock = waiters.fair_lock(&lock).unwrap();
+            tokio::spawn(async move {
+                let guard = lock.lock().await.unwrap();
+                let at = Instant::now();
+                guard.unlock().await.unwrap();
+                at
+            })
+        };
+        while holders.state(&lock).await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let released = Instant::now();
+        held.unlock().await.unwrap();
+        let granted = wait.await.unwrap();
+        assert!(
+            granted - released < Duration::from_secs(3),
+            "round {round}: woken after {:?}, not by a notification",
+            granted - released
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiters_of_a_lock_nobody_touches_are_deleted() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let holding = fairlock::backend::AcquireRequest {
+        lease: Duration::from_millis(300),
+        ..request(&lock, &owner("holder"), false)
+    };
+    backend.acquire(&holding).await.unwrap();
+    for i in 0..3 {
+        let waiting = fairlock::backend::AcquireRequest {
+            waiter_ttl: Duration::from_millis(300),
+            ..request(&lock, &owner(&format!("w{i}")), true)
+        };
+        backend.acquire(&waiting).await.unwrap();
+    }
+    assert_eq!(count(&server, "SELECT count(*) FROM fairlock.waiters"), 3);
+    // Everyone dies: nobody calls on this lock again. Any operation on another lock deletes
+    // the dead entries, long before the fence margin.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(backend.inspect(&lock).await.unwrap().waiters.is_empty());
+    backend
+        .acquire(&request(&name(), &owner("other"), false))
+        .await
+        .unwrap();
+    assert_eq!(count(&server, "SELECT count(*) FROM fairlock.waiters"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() {
+    let server = Server::start();
+    let backend = PostgresBackend::builder(server.url())
+        .fence_margin(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let lock = name();
+    let holder = owner("holder");
+    // The row outlives the longest lease or waiter deadline it ever had by the margin.
+    let short = |request: fairlock::backend::AcquireRequest| fairlock::backend::AcquireRequest {
+        lease: Duration::from_millis(300),
+        waiter_ttl: Duration::from_millis(300),
+        ..request
+    };
+    let holding = short(request(&lock, &holder, true));
+    let AcquireOutcome::Granted(first) = backend.acquire(&holding).await.unwrap() else {
+        panic!("granted");
+    };
+    let waiting = short(request(&lock, &owner("waiter"), true));
+    backend.acquire(&waiting).await.unwrap();
+    backend
+        .abandon(&lock, &waiting.owner, waiting.attempt)
+        .await
+        .unwrap();
+    assert_eq!(
+        backend
+            .release(&lock, &holder, first.token, holding.attempt)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+    // Free, no waiters: the lock's row (its last token) is all that is left of it, besides
+    // the ended-attempt records, which expire after the resend horizon.
+    assert_eq!(count(&server, "SELECT count(*) FROM fairlock.waiters"), 0);
+    assert_eq!(
+        count(
+            &server,
+            "SELECT count(*) FROM fairlock.locks WHERE owner IS NOT NULL"
+        ),
+        0
+    );
+    assert_eq!(count(&server, "SELECT count(*) FROM fairlock.locks"), 1);
+    // After the fence margin, any operation collects it.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    backend
+        .acquire(&request(&name(), &owner("other"), false))
+        .await
+        .unwrap();
+    let left = server.psql(&format!(
+        "SELECT count(*) FROM fairlock.locks WHERE name = '{lock}'"
+    ));
+    assert_eq!(left, "0", "the idle lock's row was collected");
+    // The token still increases: it never falls below the server's clock in microseconds.
+    let AcquireOutcome::Granted(again) = backend
+        .acquire(&request(&lock, &holder, false))
+        .await
+        .unwrap()
+    else {
+        panic!("granted");
+    };
+    assert!(
+        again.token > first.token,
+        "{} then {}",
+        first.token,
+        again.token
+    );
+}

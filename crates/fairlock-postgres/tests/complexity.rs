@@ -1,0 +1,236 @@
+//! Each lock operation touches a bounded number of buffers, however long the queue: the
+//! functions find what they need through indexes and never walk the waiters (only `inspect`
+//! and `list` do). Counted with `EXPLAIN (ANALYZE, BUFFERS)` of the very function call the
+//! backend makes, whose buffer counts include every statement the function runs.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{name, owner, request, Server};
+use fairlock::backend::{AcquireOutcome, AcquireRequest, LockBackend, RESEND_HORIZON};
+use fairlock_postgres::tokio_postgres::{self, types::ToSql, NoTls};
+use fairlock_postgres::PostgresBackend;
+use uuid::Uuid;
+
+/// How many waiters stand in the long queue.
+const WAITERS: usize = 8000;
+/// The most buffers (8 kB pages, hit or read) one operation may touch: a few index descents
+/// and heap fetches per statement (10 to 45 measured). Walking 8000 waiters would touch over
+/// 150 heap pages alone.
+const BUDGET: u64 = 100;
+
+const MARGIN_MS: i64 = 600_000;
+
+fn horizon_ms() -> i64 {
+    RESEND_HORIZON.as_millis() as i64
+}
+
+/// Buffers (shared hits and reads) the top plan node touched, from `EXPLAIN (FORMAT JSON)`.
+async fn buffers(
+    client: &tokio_postgres::Client,
+    call: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> u64 {
+    let rows = client
+        .query(
+            &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {call}"),
+            params,
+        )
+        .await
+        .expect("explain runs");
+    let plan: String = rows[0].get::<_, serde_json_text::Json>(0).0;
+    let field = |key: &str| -> u64 {
+        // The first occurrence is the top plan node's (it comes before its children).
+        let at = plan
+            .find(&format!("\"{key}\": "))
+            .expect("the plan has buffer counts");
+        plan[at + key.len() + 4..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    field("Shared Hit Blocks") + field("Shared Read Blocks")
+}
+
+/// `json` as text, without a JSON library.
+mod serde_json_text {
+    use fairlock_postgres::tokio_postgres::types::{FromSql, Type};
+
+    pub(crate) struct Json(pub(crate) String);
+
+    impl<'a> FromSql<'a> for Json {
+        fn from_sql(
+            _: &Type,
+            raw: &'a [u8],
+        ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+            Ok(Json(String::from_utf8(raw.to_vec())?))
+        }
+        fn accepts(ty: &Type) -> bool {
+            *ty == Type::JSON || *ty == Type::JSONB
+        }
+    }
+}
+
+async fn acquire_cost(client: &tokio_postgres::Client, request: &AcquireRequest) -> u64 {
+    let attempt = Uuid::from_u128(request.attempt.as_u128());
+    let lease = request.lease.as_millis() as i64;
+    let ttl = request.waiter_ttl.as_millis() as i64;
+    buffers(
+        client,
+        "SELECT fairlock.acquire($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[
+            &request.name.as_str(),
+            &request.owner.as_str(),
+            &attempt,
+            &lease,
+            &ttl,
+            &request.queue,
+            &horizon_ms(),
+            &MARGIN_MS,
+        ],
+    )
+    .await
+}
+
+async fn release_cost(
+    client: &tokio_postgres::Client,
+    request: &AcquireRequest,
+    token: u64,
+) -> u64 {
+    buffers(
+        client,
+        "SELECT fairlock.release($1, $2, $3, $4, $5, $6)",
+        &[
+            &request.name.as_str(),
+            &request.owner.as_str(),
+            &(token as i64),
+            &Uuid::from_u128(request.attempt.as_u128()),
+            &horizon_ms(),
+            &MARGIN_MS,
+        ],
+    )
+    .await
+}
+
+async fn abandon_cost(client: &tokio_postgres::Client, request: &AcquireRequest) -> u64 {
+    buffers(
+        client,
+        "SELECT fairlock.abandon($1, $2, $3, $4, $5)",
+        &[
+            &request.name.as_str(),
+            &request.owner.as_str(),
+            &Uuid::from_u128(request.attempt.as_u128()),
+            &horizon_ms(),
+            &MARGIN_MS,
+        ],
+    )
+    .await
+}
+
+async fn extend_cost(client: &tokio_postgres::Client, request: &AcquireRequest, token: u64) -> u64 {
+    buffers(
+        client,
+        "SELECT fairlock.extend($1, $2, $3, $4, $5)",
+        &[
+            &request.name.as_str(),
+            &request.owner.as_str(),
+            &(token as i64),
+            &30_000i64,
+            &MARGIN_MS,
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_do_not_walk_the_queue() {
+    let server = Server::start();
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    // One long-lived connection that also ran every operation while the queue was short, so
+    // plans cached then are the ones measured.
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+
+    let lock = name();
+    let holder = owner("holder");
+    let holding = AcquireRequest {
+        waiter_ttl: Duration::from_secs(60),
+        ..request(&lock, &holder, true)
+    };
+    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
+        panic!("the first acquire is granted");
+    };
+    let mut costs_short = Vec::new();
+    for round in 0..2 {
+        let waiter = request(&lock, &owner(&format!("early{round}")), true);
+        costs_short.push(acquire_cost(&client, &waiter).await);
+        costs_short.push(acquire_cost(&client, &waiter).await);
+        costs_short.push(acquire_cost(&client, &request(&lock, &owner("try"), false)).await);
+    }
+    // Every function run once on this connection (compiled, its plans cached) while the
+    // queue is short: a hand-over, a leave, an extension.
+    let other = name();
+    let first = request(&other, &owner("a"), true);
+    let second = request(&other, &owner("b"), true);
+    let third = request(&other, &owner("c"), true);
+    let AcquireOutcome::Granted(first_grant) = backend.acquire(&first).await.unwrap() else {
+        panic!("granted");
+    };
+    backend.acquire(&second).await.unwrap();
+    backend.acquire(&third).await.unwrap();
+    costs_short.push(extend_cost(&client, &first, first_grant.token).await);
+    costs_short.push(abandon_cost(&client, &third).await);
+    costs_short.push(release_cost(&client, &first, first_grant.token).await);
+    println!("short queue: {costs_short:?} buffers");
+
+    let requests: Vec<_> = (0..WAITERS)
+        .map(|i| AcquireRequest {
+            waiter_ttl: Duration::from_secs(120),
+            ..request(&lock, &owner(&format!("w{i}")), true)
+        })
+        .collect();
+    for chunk in requests.chunks(64) {
+        let joins = chunk.iter().map(|r| backend.acquire(r));
+        for outcome in futures::future::join_all(joins).await {
+            assert!(matches!(outcome.unwrap(), AcquireOutcome::Queued { .. }));
+        }
+    }
+
+    // Joining at the back, heart-beating from the middle, leaving from the middle, a
+    // non-queueing try, and a release that hands over to the head.
+    let join = acquire_cost(&client, &request(&lock, &owner("newcomer"), true)).await;
+    let middle = &requests[WAITERS / 2];
+    let heartbeat = acquire_cost(&client, middle).await;
+    let leave = abandon_cost(&client, middle).await;
+    let busy = acquire_cost(&client, &request(&lock, &owner("try"), false)).await;
+    let extend = extend_cost(&client, &holding, grant.token).await;
+    let head = backend.inspect(&lock).await.unwrap().waiters[0]
+        .owner
+        .clone();
+    let release = release_cost(&client, &holding, grant.token).await;
+    for (what, cost) in [
+        ("join", join),
+        ("heartbeat", heartbeat),
+        ("leave", leave),
+        ("busy", busy),
+        ("extend", extend),
+        ("release", release),
+    ] {
+        println!("{what}: {cost} buffers with {WAITERS} waiters");
+        assert!(
+            cost <= BUDGET,
+            "{what} touched {cost} buffers with {WAITERS} waiters"
+        );
+    }
+    let state = backend.inspect(&lock).await.unwrap();
+    assert_eq!(
+        state.holder.unwrap().owner,
+        head,
+        "the head was handed the lock"
+    );
+    // All but the head (now holding) and the leaver, plus the two early ones and the newcomer.
+    assert_eq!(state.waiters.len(), WAITERS - 2 + 3);
+}
