@@ -302,6 +302,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
+
+    /// A short, fixed name for the kind of store, such as `memory` or `redis`: the `backend`
+    /// label of fairlock's metrics (feature `metrics`). The default is `custom`; a wrapper
+    /// may forward its inner backend's or name itself.
+    ///
+    /// ```
+    /// use fairlock::{LockBackend, MemoryBackend};
+    /// assert_eq!(MemoryBackend::new().name(), "memory");
+    /// ```
+    fn name(&self) -> &'static str {
+        "custom"
+    }
 }
 
 /// What a store may legitimately lack, declared by its backend

@@ -40,12 +40,17 @@ mod lock;
 mod memory;
 mod name;
 mod options;
+mod telemetry;
 mod waiting;
 
-pub use backend::{Capabilities, LockBackend, LockState, LockSummary};
+pub use backend::{
+    AttemptId, Capabilities, HolderState, LockBackend, LockState, LockSummary, WaiterState,
+};
 pub use error::{BoxError, Error, Result};
-pub use guard::LockGuard;
+pub use guard::{Lease, LockGuard};
 pub use lock::{FairLock, LockClient};
 pub use memory::MemoryBackend;
 pub use name::{LockName, Owner, MAX_NAME_LEN, MAX_OWNER_LEN};
 pub use options::{LockOptions, MAX_DURATION, MIN_WAITER_TTL};
+#[cfg(feature = "metrics")]
+pub use telemetry::describe_metrics;
