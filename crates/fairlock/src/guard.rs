@@ -467,7 +467,7 @@ impl Level {
                 lock = %shared.name,
                 owner = %shared.owner,
                 token,
-                reason = reason.label(),
+                reason = %reason.label(),
                 "fairlock lease lost: {why}"
             );
             shared.meter.lease_lost(reason.label());

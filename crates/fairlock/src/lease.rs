@@ -119,7 +119,7 @@ impl Hold {
                 lock = %shared.name,
                 owner = %shared.owner,
                 token = self.key.2,
-                reason = why.label(),
+                reason = %why.label(),
                 "fairlock lease lost: {}",
                 why.text()
             );
