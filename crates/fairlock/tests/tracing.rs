@@ -30,8 +30,24 @@ impl Captured {
     }
 }
 
-/// Logs with `filter` on this thread (the tests' runtimes are single-threaded).
-fn capture(filter: &str) -> (Captured, tracing::subscriber::DefaultGuard) {
+/// Tests take turns: `tracing` caches whether each call site is enabled across all the
+/// subscribers that exist at once, and a subscriber set up on another thread while a call site
+/// is first hit can leave that cache stale for this one.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Logs with `filter` on this thread (the tests' runtimes are single-threaded). Hold the
+/// returned guards for the whole test.
+fn capture(
+    filter: &str,
+) -> (
+    Captured,
+    // The subscriber is unset before the next test may start.
+    (
+        tracing::subscriber::DefaultGuard,
+        std::sync::MutexGuard<'static, ()>,
+    ),
+) {
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let out = Captured::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -39,7 +55,7 @@ fn capture(filter: &str) -> (Captured, tracing::subscriber::DefaultGuard) {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    (out, tracing::subscriber::set_default(subscriber))
+    (out, (tracing::subscriber::set_default(subscriber), serial))
 }
 
 #[tokio::test(start_paused = true)]
