@@ -86,6 +86,15 @@
 //!     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
 //!         self.store.watch(&self.stored(name)?, owner).await
 //!     }
+//!
+//!     // Optional: the shared store's clock and, for metrics, its name.
+//!     fn capabilities(&self) -> fairlock::Capabilities {
+//!         self.store.capabilities()
+//!     }
+//!
+//!     fn name(&self) -> &'static str {
+//!         self.store.name()
+//!     }
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
