@@ -102,6 +102,8 @@ struct Flaky {
     inner: MemoryBackend,
     fail_inspect: Arc<AtomicBool>,
     fail_extend: Arc<AtomicBool>,
+    /// Every `acquire` finds foreign data at the lock's keys.
+    conflict: Arc<AtomicBool>,
 }
 
 fn down() -> Error {
@@ -115,6 +117,13 @@ fn down() -> Error {
 #[async_trait]
 impl LockBackend for Flaky {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        if self.conflict.load(SeqCst) {
+            return Err(Error::Conflict {
+                backend: "flaky",
+                name: request.name.to_string(),
+                detail: "a string where a hash should be".into(),
+            });
+        }
         self.inner.acquire(request).await
     }
     async fn release(
@@ -324,6 +333,34 @@ async fn a_scripted_run_records_exact_figures() {
     for id in figures.ids() {
         assert!(id.starts_with("fairlock_") && !id.contains("lock="), "{id}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_acquisition_is_an_error_and_a_backend_error() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _installed = metrics::set_default_local_recorder(&recorder);
+    let mut figures = Figures::default();
+
+    let flaky = Flaky::default();
+    flaky.conflict.store(true, SeqCst);
+    let client = LockClient::new(flaky.clone());
+    let lock = client.fair_lock("taken").unwrap();
+    assert!(matches!(lock.lock().await, Err(Error::Conflict { .. })));
+    assert!(matches!(
+        lock.try_run(|_| async {}).await,
+        Err(Error::Conflict { .. })
+    ));
+    figures.take(&snapshotter);
+    assert_eq!(
+        figures.counter("fairlock_acquisitions_total{backend=custom,outcome=error}"),
+        2
+    );
+    assert_eq!(
+        figures.counter("fairlock_backend_errors_total{backend=custom,kind=conflict,op=acquire}"),
+        2
+    );
+    assert_eq!(figures.gauge("fairlock_guards{backend=custom}"), 0.0);
 }
 
 #[tokio::test(start_paused = true)]
