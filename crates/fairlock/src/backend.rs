@@ -86,6 +86,15 @@
 //!     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
 //!         self.store.watch(&self.stored(name)?, owner).await
 //!     }
+//!
+//!     // Optional: the shared store's clock and, for metrics, its name.
+//!     fn capabilities(&self) -> fairlock::Capabilities {
+//!         self.store.capabilities()
+//!     }
+//!
+//!     fn name(&self) -> &'static str {
+//!         self.store.name()
+//!     }
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -301,6 +310,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// a millisecond clock. A wrapper forwards its inner backend's.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
+    }
+
+    /// A short, fixed name for the kind of store, such as `memory` or `redis`: the `backend`
+    /// label of fairlock's metrics (feature `metrics`). The default is `custom`; a wrapper
+    /// may forward its inner backend's or name itself.
+    ///
+    /// ```
+    /// use fairlock::{LockBackend, MemoryBackend};
+    /// assert_eq!(MemoryBackend::new().name(), "memory");
+    /// ```
+    fn name(&self) -> &'static str {
+        "custom"
     }
 }
 

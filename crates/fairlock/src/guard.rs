@@ -1,7 +1,7 @@
 //! [`LockGuard`]: proof of holding a lock, released on drop.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -16,6 +16,7 @@ use crate::lease::Hold;
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
+use crate::telemetry::LostReason;
 use crate::waiting::retry_within;
 
 /// One level of a held lock. Dropping it releases that level.
@@ -65,17 +66,28 @@ impl LockGuard {
             unconfirmed_until: watch::Sender::new(confirm.then_some(deadline)),
         });
         let confirming = confirm.then(|| {
+            let span = info_span!(
+                "fairlock.confirm",
+                lock = %shared.name,
+                owner = %shared.owner,
+                token = grant.token,
+                %attempt
+            );
             runtime
-                .spawn(confirm_hand_over(
-                    shared.clone(),
-                    hold.clone(),
-                    level.clone(),
-                    grant.token,
-                    attempt,
-                    deadline,
-                ))
+                .spawn(
+                    confirm_hand_over(
+                        shared.clone(),
+                        hold.clone(),
+                        level.clone(),
+                        grant.token,
+                        attempt,
+                        deadline,
+                    )
+                    .instrument(span),
+                )
                 .abort_handle()
         });
+        shared.meter.guards(1.0);
         LockGuard {
             shared,
             grant,
@@ -115,6 +127,110 @@ impl LockGuard {
         self.hold.is_lost() || self.level.is_lost()
     }
 
+    /// How long the lease surely lasts from now if it is not renewed again: a local estimate,
+    /// from the moment the last successful grant or renewal was *sent* plus its lease (see
+    /// [`lease_lost`](Self::lease_lost)), not a reading of the store. Zero once the lease is
+    /// known lost. The store's own figure is at least this long (if both clocks run at the same
+    /// rate) and is in [`FairLock::state`](crate::FairLock::state).
+    ///
+    /// With the watchdog it stays between about two thirds of
+    /// [`watchdog_lease`](crate::LockOptions::watchdog_lease) and all of it while renewals
+    /// succeed; with a fixed lease it counts down to zero unless [`extend`](Self::extend)ed.
+    /// Like Redisson's `remainTimeToLive`, but it costs no round trip.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let lock = client.fair_lock("export")?.with_lease(Duration::from_secs(10))?;
+    /// let guard = lock.lock().await?;
+    /// let left = guard.lease_remaining();
+    /// assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(10));
+    /// guard.unlock().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lease_remaining(&self) -> Duration {
+        remaining(&self.hold, &self.level)
+    }
+
+    /// Asks the store whether it still lists this guard's hold: the lock is held by this
+    /// guard's owner under its fencing token (and this guard's own level is not known to have
+    /// lapsed). Like Redisson's `isHeldByCurrentThread`, but exact about *which* hold: a later
+    /// hold of the same owner (after this one was lost) has another token and does not count.
+    ///
+    /// If the store says no, the lease is flagged lost: [`lease_lost`](Self::lease_lost) fires
+    /// for every guard of the hold. A `true` is a snapshot; only the fencing token protects a
+    /// resource against a holder that lost its lease just after asking.
+    ///
+    /// ```
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let guard = client.fair_lock("export")?.lock().await?;
+    /// assert!(guard.is_held().await?);
+    /// client.force_unlock("export").await?; // an operator frees it
+    /// assert!(!guard.is_held().await?);
+    /// assert!(guard.is_lease_lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// Backend errors (the answer is then unknown; nothing is flagged).
+    ///
+    /// # Cancel safety
+    /// Cancel safe; it only reads.
+    pub async fn is_held(&self) -> Result<bool> {
+        if self.is_lease_lost() {
+            return Ok(false);
+        }
+        let shared = &self.shared;
+        let state = shared.backend.inspect(&shared.name).await?;
+        let listed = state.holder.is_some_and(|holder| {
+            holder.owner == shared.owner.as_str() && holder.token == self.grant.token
+        });
+        if !listed {
+            // Tokens are never reused: a hold the store no longer has is over for good.
+            self.hold.mark_lost(shared, LostReason::Revoked);
+        }
+        Ok(listed && !self.is_lease_lost())
+    }
+
+    /// A view of this guard's lease that can be moved into other tasks: its fencing token,
+    /// time left and lost-lease signal. It does not keep the lock: once this guard is gone
+    /// (and no other guard of the hold lives), it reports the lease lost.
+    ///
+    /// ```
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// # let client = LockClient::new(MemoryBackend::new());
+    /// let guard = client.fair_lock("export")?.lock().await?;
+    /// let lease = guard.lease();
+    /// let worker = tokio::spawn(async move {
+    ///     tokio::select! {
+    ///         _ = lease.lease_lost() => Err("lease lost"),
+    ///         _ = async { /* work fenced with lease.fencing_token() */ } => Ok(()),
+    ///     }
+    /// });
+    /// worker.await.unwrap().unwrap();
+    /// guard.unlock().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lease(&self) -> Lease {
+        Lease {
+            shared: self.shared.clone(),
+            grant: self.grant,
+            hold: Arc::downgrade(&self.hold),
+            level: Arc::downgrade(&self.level),
+        }
+    }
+
     /// A future that completes when the lease is lost: renewal failed until the lease ran out,
     /// the store no longer lists this owner as holder (expired, force-released), or a fixed
     /// lease ended without [`extend`](Self::extend). It also completes once the guard is gone.
@@ -142,15 +258,7 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe; it only observes.
     pub fn lease_lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut hold_lost = self.hold.lost_receiver();
-        let mut level_lost = self.level.lost.subscribe();
-        async move {
-            // An error means the guard is gone, which also ends the lease.
-            tokio::select! {
-                _ = hold_lost.wait_for(|lost| *lost) => {}
-                _ = level_lost.wait_for(|lost| *lost) => {}
-            }
-        }
+        lost_signal(Some((&self.hold, &self.level)))
     }
 
     /// Makes the lease last at least `lease` from now, by the store's clock. The lease belongs
@@ -181,7 +289,7 @@ impl LockGuard {
             self.hold.extended(sent, lease);
             Ok(())
         } else {
-            self.hold.mark_lost(shared, "extend found another holder");
+            self.hold.mark_lost(shared, LostReason::Revoked);
             Err(Error::LeaseLost {
                 name: shared.name.to_string(),
             })
@@ -215,6 +323,43 @@ impl LockGuard {
         }
     }
 
+    /// Runs `work` while this guard holds, then releases it (see
+    /// [`FairLock::run`](crate::FairLock::run)).
+    pub(crate) async fn run<F, Fut, T>(self, work: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lost = self.lease_lost();
+        let work = work(self.lease());
+        // The work future is dropped at the end of this block, before the lock is released:
+        // it must never run while another owner may hold the lock.
+        let done = {
+            tokio::pin!(lost, work);
+            tokio::select! {
+                biased;
+                () = &mut lost => None,
+                value = &mut work => Some(value),
+            }
+        };
+        match done {
+            Some(value) if !self.is_lease_lost() => match self.unlock().await {
+                Ok(()) => Ok(value),
+                Err(err @ Error::LeaseLost { .. }) => Err(err),
+                // Logged by the release; the lock ends with its lease.
+                Err(_) => Ok(value),
+            },
+            _ => {
+                let err = Error::LeaseLost {
+                    name: self.shared.name.to_string(),
+                };
+                // Released in the background, like any dropped guard.
+                drop(self);
+                Err(err)
+            }
+        }
+    }
+
     fn start_release(&mut self) -> tokio::task::JoinHandle<Result<()>> {
         self.released = true;
         // What the confirmation finds out no longer matters once the level is released.
@@ -224,12 +369,19 @@ impl LockGuard {
         if self.shared.options.lease.is_none() {
             self.hold.watchdog_left();
         }
+        self.shared.meter.guards(-1.0);
         let shared = self.shared.clone();
         let token = self.grant.token;
         let attempt = self.attempt;
         let level = self.level.clone();
-        let span =
-            info_span!("fairlock.release", lock = %shared.name, owner = %shared.owner, token);
+        let hold = Arc::downgrade(&self.hold);
+        let span = info_span!(
+            "fairlock.release",
+            lock = %shared.name,
+            owner = %shared.owner,
+            token,
+            %attempt
+        );
         self.runtime.spawn(
             async move {
                 // Harmless to repeat, so an outage is ridden out within the outage budget, as
@@ -260,12 +412,22 @@ impl LockGuard {
                     }
                     Ok(ReleaseOutcome::NotHeld) => {
                         debug!("release found the lease already lost");
+                        // Sibling guards of the hold learn it too (and it is counted once).
+                        if let Some(hold) = hold.upgrade() {
+                            hold.mark_lost(&shared, LostReason::Revoked);
+                        }
                         Err(Error::LeaseLost {
                             name: shared.name.to_string(),
                         })
                     }
                     Err(err) => {
-                        warn!(error = %err, "release failed; the lock ends with its lease");
+                        warn!(
+                            lock = %shared.name,
+                            owner = %shared.owner,
+                            token,
+                            error = %err,
+                            "fairlock release failed; the lock ends with its lease"
+                        );
                         Err(err)
                     }
                 }
@@ -304,9 +466,17 @@ impl Level {
                 .is_some_and(|until| Instant::now() >= until)
     }
 
-    fn mark_lost(&self, shared: &LockShared, why: &str) {
+    fn mark_lost(&self, shared: &LockShared, token: u64, why: &str) {
         if !self.lost.send_replace(true) {
-            warn!(lock = %shared.name, owner = %shared.owner, why, "fairlock lease lost");
+            let reason = LostReason::HandoverLapsed;
+            warn!(
+                lock = %shared.name,
+                owner = %shared.owner,
+                token,
+                reason = %reason.label(),
+                "fairlock lease lost: {why}"
+            );
+            shared.meter.lease_lost(reason.label());
         }
     }
 }
@@ -340,23 +510,141 @@ async fn confirm_hand_over(
     loop {
         match timeout_at(deadline, shared.backend.acquire(&request)).await {
             Ok(Ok(AcquireOutcome::Granted(grant))) if grant.token == token => {
-                debug!(lock = %shared.name, token, "hand-over confirmed");
+                debug!(lock = %shared.name, owner = %shared.owner, token, "hand-over confirmed");
                 hold.extended(first_sent, lease);
                 level.unconfirmed_until.send_replace(None);
                 return;
             }
             Ok(Ok(_)) => {
-                level.mark_lost(&shared, "the hand-over lapsed before it was confirmed");
+                level.mark_lost(
+                    &shared,
+                    token,
+                    "the hand-over lapsed before it was confirmed",
+                );
                 return;
             }
             Ok(Err(err)) => {
-                debug!(lock = %shared.name, token, error = %err, "confirming a hand-over failed; retrying");
+                debug!(lock = %shared.name, owner = %shared.owner, token, error = %err, "confirming a hand-over failed; retrying");
                 sleep(Duration::from_millis(20)).await;
             }
             Err(_elapsed) => {
-                level.mark_lost(&shared, "the hand-over could not be confirmed in time");
+                level.mark_lost(
+                    &shared,
+                    token,
+                    "the hand-over could not be confirmed in time",
+                );
                 return;
             }
         }
+    }
+}
+
+/// What is left of a lease by the local clock: the hold's deadline, or the pending level's if
+/// sooner; zero once lost.
+fn remaining(hold: &Hold, level: &Level) -> Duration {
+    if hold.is_lost() || level.is_lost() {
+        return Duration::ZERO;
+    }
+    let mut until = hold.deadline();
+    if let Some(unconfirmed) = *level.unconfirmed_until.borrow() {
+        until = until.min(unconfirmed);
+    }
+    until.saturating_duration_since(Instant::now())
+}
+
+/// Completes when the hold or the level is lost, or when either is gone (the guards are
+/// released, which ends the lease too). `None`: already gone.
+fn lost_signal(
+    parts: Option<(&Arc<Hold>, &Arc<Level>)>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let receivers = parts.map(|(hold, level)| (hold.lost_receiver(), level.lost.subscribe()));
+    async move {
+        let Some((mut hold_lost, mut level_lost)) = receivers else {
+            return;
+        };
+        // An error means the guard is gone, which also ends the lease.
+        tokio::select! {
+            _ = hold_lost.wait_for(|lost| *lost) => {}
+            _ = level_lost.wait_for(|lost| *lost) => {}
+        }
+    }
+}
+
+/// A view of one guard's lease: its fencing token, the time left and the lost-lease signal,
+/// without the power to release or extend it. Cheap to clone, `Send + 'static`: it can go
+/// into spawned tasks. It is what [`FairLock::run`](crate::FairLock::run) hands its closure,
+/// and [`LockGuard::lease`] makes one.
+///
+/// It does not keep the lock or the lease alive: once every guard of the hold is gone, it
+/// reports the lease lost.
+///
+/// ```
+/// # use fairlock::{LockClient, MemoryBackend};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fairlock::Result<()> {
+/// let client = LockClient::new(MemoryBackend::new());
+/// let guard = client.fair_lock("export")?.lock().await?;
+/// let lease = guard.lease();
+/// assert_eq!(lease.fencing_token(), guard.fencing_token());
+/// assert!(!lease.is_lease_lost());
+/// guard.unlock().await?;
+/// assert!(lease.is_lease_lost());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Lease {
+    shared: Arc<LockShared>,
+    grant: Grant,
+    hold: Weak<Hold>,
+    level: Weak<Level>,
+}
+
+impl Lease {
+    fn parts(&self) -> Option<(Arc<Hold>, Arc<Level>)> {
+        Some((self.hold.upgrade()?, self.level.upgrade()?))
+    }
+
+    /// The fencing token of the hold. See [`LockGuard::fencing_token`].
+    pub fn fencing_token(&self) -> u64 {
+        self.grant.token
+    }
+
+    /// The hold count the guard's acquisition produced. See [`LockGuard::hold_count`].
+    pub fn hold_count(&self) -> u32 {
+        self.grant.hold_count
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.shared.name
+    }
+
+    /// The owner holding the lock.
+    pub fn owner(&self) -> &Owner {
+        &self.shared.owner
+    }
+
+    /// Whether the lease is known to be lost, or the guard is gone. See
+    /// [`LockGuard::is_lease_lost`].
+    pub fn is_lease_lost(&self) -> bool {
+        self.parts()
+            .is_none_or(|(hold, level)| hold.is_lost() || level.is_lost())
+    }
+
+    /// The local estimate of the lease left; zero once lost or the guard is gone. See
+    /// [`LockGuard::lease_remaining`].
+    pub fn lease_remaining(&self) -> Duration {
+        self.parts()
+            .map_or(Duration::ZERO, |(hold, level)| remaining(&hold, &level))
+    }
+
+    /// Completes when the lease is lost or the guard is gone. See [`LockGuard::lease_lost`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe; it only observes.
+    pub fn lease_lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let parts = self.parts();
+        lost_signal(parts.as_ref().map(|(hold, level)| (hold, level)))
     }
 }

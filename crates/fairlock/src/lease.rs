@@ -13,10 +13,11 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
+use crate::telemetry::{LostReason, Meter};
 
 /// The holds this client's guards are part of, by lock, owner and token.
 #[derive(Debug, Default)]
@@ -39,6 +40,9 @@ pub(crate) struct Hold {
     /// How many live guards of this hold want the watchdog.
     watchdogs: watch::Sender<usize>,
     keeper: Mutex<Option<AbortHandle>>,
+    /// When this process first held it, for `fairlock_hold_seconds`.
+    since: Instant,
+    meter: Meter,
 }
 
 impl Holds {
@@ -82,9 +86,17 @@ impl Holds {
             deadline: watch::Sender::new(until),
             watchdogs: watch::Sender::new(usize::from(watchdog)),
             keeper: Mutex::new(None),
+            since: Instant::now(),
+            meter: shared.meter.clone(),
         });
+        let span = tracing::info_span!(
+            "fairlock.lease",
+            lock = %shared.name,
+            owner = %shared.owner,
+            token
+        );
         let keeper = runtime
-            .spawn(keep(shared.clone(), token, Arc::downgrade(&hold)))
+            .spawn(keep(shared.clone(), token, Arc::downgrade(&hold)).instrument(span))
             .abort_handle();
         *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
         map.insert(key, Arc::downgrade(&hold));
@@ -101,10 +113,23 @@ impl Hold {
         *self.lost.borrow() || Instant::now() >= *self.deadline.borrow()
     }
 
-    pub(crate) fn mark_lost(&self, shared: &LockShared, why: &str) {
+    pub(crate) fn mark_lost(&self, shared: &LockShared, why: LostReason) {
         if !self.lost.send_replace(true) {
-            warn!(lock = %shared.name, owner = %shared.owner, why, "fairlock lease lost");
+            warn!(
+                lock = %shared.name,
+                owner = %shared.owner,
+                token = self.key.2,
+                reason = %why.label(),
+                "fairlock lease lost: {}",
+                why.text()
+            );
+            self.meter.lease_lost(why.label());
         }
+    }
+
+    /// The local instant by which the store's lease has surely not ended yet.
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.borrow()
     }
 
     /// Records a successful extension sent at `sent` for `lease`: the store's lease now ends
@@ -125,6 +150,7 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        self.meter.held(self.since.elapsed());
         if let Some(keeper) = self
             .keeper
             .get_mut()
@@ -168,7 +194,7 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
             biased;
             _ = sleep_until(deadline) => {
                 if let Some(hold) = hold.upgrade() {
-                    hold.mark_lost(&shared, "the lease ran out before it was renewed");
+                    hold.mark_lost(&shared, LostReason::Expired);
                 }
                 return;
             }
@@ -185,22 +211,26 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
                 let Some(hold) = hold.upgrade() else { return };
                 match renewed {
                     Ok(Ok(true)) => {
-                        debug!(lock = %shared.name, token, "fairlock lease renewed");
+                        debug!(lock = %shared.name, owner = %shared.owner, token, "fairlock lease renewed");
+                        shared.meter.renewal("renewed");
                         hold.extended(sent, lease);
                         next_renewal = renewing.then(|| sent + watchdog_lease / 3);
                     }
                     Ok(Ok(false)) => {
-                        hold.mark_lost(&shared, "the store no longer lists this owner as holder");
+                        shared.meter.renewal("refused");
+                        hold.mark_lost(&shared, LostReason::Revoked);
                         return;
                     }
                     Ok(Err(err)) => {
-                        warn!(lock = %shared.name, token, error = %err, "fairlock lease renewal failed; retrying");
+                        shared.meter.renewal("failed");
+                        warn!(lock = %shared.name, owner = %shared.owner, token, error = %err, "fairlock lease renewal failed; retrying");
                         // Retry well before the deadline, but do not hammer a failing store.
                         let pause = (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
                         next_renewal = Some(Instant::now() + pause);
                     }
                     Err(_elapsed) => {
-                        hold.mark_lost(&shared, "renewal did not complete before the lease ended");
+                        shared.meter.renewal("timed_out");
+                        hold.mark_lost(&shared, LostReason::RenewalTimedOut);
                         return;
                     }
                 }

@@ -6,11 +6,17 @@
 //!   barges past waiters, [`FairLock::try_lock_for`] waits at most a given time.
 //! - A [`LockGuard`] carries the hold's fencing token, renews the lease (watchdog) or watches a
 //!   fixed one, signals [`LockGuard::lease_lost`], and releases one level when dropped.
+//! - [`FairLock::run`] runs a future under the lock, drops it if the lease is lost, and
+//!   releases in every case; the future gets a [`Lease`] with the fencing token.
 //! - [`LockBackend`] is the contract a store keeps; [`MemoryBackend`] keeps it in process, the
 //!   `fairlock-redis` crate on Redis, and the `conformance` suite (feature `conformance`)
 //!   checks any implementation.
 //!
 //! Everything runs on Tokio: calls must be made inside a Tokio runtime with timers enabled.
+//!
+//! Feature `metrics` (off by default) records counters, histograms and gauges through the
+//! `metrics` facade; tracing spans and events are always there. `docs/observability.md` in the
+//! repository lists them all.
 //!
 //! ```
 //! use fairlock::{LockClient, MemoryBackend};
@@ -40,12 +46,17 @@ mod lock;
 mod memory;
 mod name;
 mod options;
+mod telemetry;
 mod waiting;
 
-pub use backend::{Capabilities, LockBackend, LockState, LockSummary};
+pub use backend::{
+    AttemptId, Capabilities, HolderState, LockBackend, LockState, LockSummary, WaiterState,
+};
 pub use error::{BoxError, Error, Result};
-pub use guard::LockGuard;
+pub use guard::{Lease, LockGuard};
 pub use lock::{FairLock, LockClient};
 pub use memory::MemoryBackend;
 pub use name::{LockName, Owner, MAX_NAME_LEN, MAX_OWNER_LEN};
 pub use options::{LockOptions, MAX_DURATION, MIN_WAITER_TTL};
+#[cfg(feature = "metrics")]
+pub use telemetry::describe_metrics;

@@ -1,15 +1,17 @@
 //! The user API: [`LockClient`] (a backend plus defaults) and [`FairLock`] (one owner's handle
 //! on one lock).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{LockBackend, LockState, LockSummary};
 use crate::error::Result;
-use crate::guard::LockGuard;
+use crate::guard::{Lease, LockGuard};
 use crate::lease::Holds;
 use crate::name::{LockName, Owner};
 use crate::options::{check_max, LockOptions};
+use crate::telemetry::Meter;
 use crate::waiting::{self, Wait};
 
 /// Entry point: a backend and the default [`LockOptions`] for the locks made from it.
@@ -31,6 +33,10 @@ use crate::waiting::{self, Wait};
 #[derive(Clone, Debug)]
 pub struct LockClient {
     backend: Arc<dyn LockBackend>,
+    /// What the core calls: the backend, wrapped to count its errors with feature `metrics`.
+    store: Arc<dyn LockBackend>,
+    /// Label metrics with the lock's name.
+    lock_label: bool,
     options: LockOptions,
     /// The holds of this client's guards: guards of one hold share its lease.
     holds: Arc<Holds>,
@@ -45,10 +51,28 @@ impl LockClient {
     /// A client over a shared backend (chosen at run time, for example).
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         LockClient {
+            store: store(&backend, false),
             backend,
+            lock_label: false,
             options: LockOptions::default(),
             holds: Arc::default(),
         }
+    }
+
+    /// Whether the metrics of locks made from now on carry a `lock` label with the lock's
+    /// name (off by default). Only for a small, fixed set of names: every name is a series
+    /// of each metric in the metrics backend. Has an effect with the `metrics` feature only;
+    /// see `docs/observability.md`.
+    ///
+    /// ```
+    /// use fairlock::{LockClient, MemoryBackend};
+    /// let client = LockClient::new(MemoryBackend::new()).with_lock_name_in_metrics(true);
+    /// # drop(client);
+    /// ```
+    pub fn with_lock_name_in_metrics(mut self, enabled: bool) -> Self {
+        self.lock_label = enabled;
+        self.store = store(&self.backend, enabled);
+        self
     }
 
     /// Sets the default options of locks made from now on.
@@ -87,13 +111,19 @@ impl LockClient {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
     pub fn fair_lock_as(&self, name: &str, owner: Owner) -> Result<FairLock> {
+        let name = LockName::new(name)?;
+        let meter = Meter::new(
+            self.backend.name(),
+            self.lock_label.then_some(name.as_str()),
+        );
         Ok(FairLock {
             shared: Arc::new(LockShared {
-                backend: self.backend.clone(),
-                name: LockName::new(name)?,
+                backend: self.store.clone(),
+                name,
                 owner,
                 options: self.options.clone(),
                 holds: self.holds.clone(),
+                meter,
             }),
         })
     }
@@ -107,7 +137,7 @@ impl LockClient {
     /// # Cancel safety
     /// The store applies it atomically; if cancelled, it may or may not have been applied.
     pub async fn force_unlock(&self, name: &str) -> Result<bool> {
-        force_release(&self.backend, &LockName::new(name)?).await
+        force_release(&self.store, &LockName::new(name)?).await
     }
 
     /// A snapshot of lock `name`: holder, hold count, lease left, fencing token and waiters.
@@ -115,7 +145,7 @@ impl LockClient {
     /// # Cancel safety
     /// Cancel safe; it only reads.
     pub async fn state(&self, name: &str) -> Result<LockState> {
-        self.backend.inspect(&LockName::new(name)?).await
+        self.store.inspect(&LockName::new(name)?).await
     }
 
     /// Locks whose names start with `prefix` that are held or waited for.
@@ -123,8 +153,21 @@ impl LockClient {
     /// # Cancel safety
     /// Cancel safe; it only reads.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
-        self.backend.list(prefix).await
+        self.store.list(prefix).await
     }
+}
+
+/// The backend the core calls: `backend` itself, or with feature `metrics` a wrapper that
+/// counts its errors.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn store(backend: &Arc<dyn LockBackend>, by_lock: bool) -> Arc<dyn LockBackend> {
+    #[cfg(feature = "metrics")]
+    return Arc::new(crate::telemetry::Metered {
+        inner: backend.clone(),
+        by_lock,
+    });
+    #[cfg(not(feature = "metrics"))]
+    backend.clone()
 }
 
 /// Frees the current hold of `name`, if any. A hold that changes between the read and the
@@ -150,6 +193,8 @@ pub(crate) struct LockShared {
     pub(crate) owner: Owner,
     pub(crate) options: LockOptions,
     pub(crate) holds: Arc<Holds>,
+    /// The labels of this handle's metrics.
+    pub(crate) meter: Meter,
 }
 
 /// One owner's handle on one fair lock.
@@ -186,6 +231,7 @@ impl FairLock {
                 owner: self.shared.owner.clone(),
                 options,
                 holds: self.shared.holds.clone(),
+                meter: self.shared.meter.clone(),
             }),
         })
     }
@@ -291,6 +337,128 @@ impl FairLock {
     pub async fn try_lock_for(&self, wait: Duration) -> Result<LockGuard> {
         check_max("wait", wait)?;
         waiting::acquire(&self.shared, Wait::AtMost(wait)).await
+    }
+
+    /// Runs `work` under the lock: waits for it like [`lock`](Self::lock), runs the future
+    /// that `work` returns, and releases the lock when it is done, whatever happens.
+    ///
+    /// If the lease is lost while the future runs (renewal failed until the lease ran out, an
+    /// operator force-unlocked it, a fixed lease ended), the future is **dropped** at its next
+    /// `.await` and `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost): the work never
+    /// goes on while another owner may hold the lock, the way node-redlock's `using` hands an
+    /// abort signal and etcd's `Session.Done()` is watched, but without the work having to
+    /// check. The closure gets a [`Lease`]: the fencing token to pass to the resource you
+    /// protect, and the lease's signal and time left.
+    ///
+    /// ```
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let lock = client.fair_lock("nightly-report")?;
+    /// let rows = lock
+    ///     .run(|lease| async move {
+    ///         // The critical section: write with the fencing token, so that a store that
+    ///         // saw a later token refuses a stale writer.
+    ///         println!("writing the report with token {}", lease.fencing_token());
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(rows, 42);
+    /// assert!(lock.state().await?.holder.is_none()); // released
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Dropping the future stops the work, and only at an `.await`: code that blocks the
+    /// thread, or a task the work spawned, goes on (give such tasks the [`Lease`] and let them
+    /// watch [`Lease::lease_lost`]). With a fixed lease ([`with_lease`](Self::with_lease)) the
+    /// work must end within it, since the [`Lease`] cannot extend it: that makes `run` a
+    /// deadline too.
+    ///
+    /// The lock is released with [`LockGuard::unlock`] once the work is done, and `run` returns
+    /// when the store has answered. If the store then says the lease had ended,
+    /// the result is [`Error::LeaseLost`](crate::Error::LeaseLost) and the work's value is
+    /// dropped: the work may have overlapped another holder. If the release fails otherwise
+    /// (the store is unreachable), the work did run under the lock: its value is returned and
+    /// the failure only logged, and the store frees the lock when its lease ends. If the work
+    /// panics, the panic goes on up and the lock is released in the background.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock); [`Error::LeaseLost`](crate::Error::LeaseLost) as above.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point leaves the lock released (or never taken): while
+    /// waiting, as for [`lock`](Self::lock); while the work runs, the work is dropped and the
+    /// lock released in the background; while releasing, the release goes on in its own task.
+    pub async fn run<F, Fut, T>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.lock().await?.run(work).await
+    }
+
+    /// [`run`](Self::run) if the lock can be had without waiting, as
+    /// [`try_lock`](Self::try_lock).
+    ///
+    /// ```
+    /// # use fairlock::{Error, LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let held = client.fair_lock("cron")?.lock().await?;
+    /// let other = client.fair_lock("cron")?;
+    /// let skipped = other.try_run(|_lease| async { "ran" }).await;
+    /// assert!(matches!(skipped, Err(Error::WouldBlock { .. })));
+    /// held.unlock().await?;
+    /// assert_eq!(other.try_run(|_lease| async { "ran" }).await?, "ran");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`try_lock`](Self::try_lock) and [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    /// As for [`run`](Self::run).
+    pub async fn try_run<F, Fut, T>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.try_lock().await?.run(work).await
+    }
+
+    /// [`run`](Self::run) after waiting at most `wait` for the lock, as
+    /// [`try_lock_for`](Self::try_lock_for). Only the wait is bounded, not the work.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use fairlock::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fairlock::Result<()> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let lock = client.fair_lock("cron")?;
+    /// let token = lock
+    ///     .try_run_for(Duration::from_secs(1), |lease| async move { lease.fencing_token() })
+    ///     .await?;
+    /// assert!(token > 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`try_lock_for`](Self::try_lock_for) and [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    /// As for [`run`](Self::run).
+    pub async fn try_run_for<F, Fut, T>(&self, wait: Duration, work: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.try_lock_for(wait).await?.run(work).await
     }
 
     /// Frees this lock whoever holds it. See [`LockClient::force_unlock`].

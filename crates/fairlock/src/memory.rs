@@ -571,6 +571,10 @@ impl LockBackend for MemoryBackend {
         Ok(out)
     }
 
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         let (sender, watch) = Watch::channel();
         let key = (name.clone(), owner.clone());

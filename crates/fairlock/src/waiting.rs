@@ -23,12 +23,13 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info_span, warn, Instrument};
 
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, Wake};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lock::LockShared;
+use crate::telemetry::{acquire_outcome, Acquiring, Waiting};
 
 /// How long a caller is prepared to wait.
 #[derive(Clone, Copy, Debug)]
@@ -56,19 +57,34 @@ const HANDOVER_MARGIN_DIVISOR: u32 = 10;
 
 pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<LockGuard> {
     let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-    let span = info_span!("fairlock.acquire", lock = %shared.name, owner = %shared.owner, attempt = tracing::field::Empty);
+    let span = info_span!(
+        "fairlock.acquire",
+        lock = %shared.name,
+        owner = %shared.owner,
+        attempt = tracing::field::Empty,
+        token = tracing::field::Empty
+    );
     let started = Instant::now();
+    // Counted as `cancelled` if this future is dropped before the outcome is known.
+    let acquiring = Acquiring::start(&shared.meter, started);
     let result = acquire_inner(shared, wait, runtime, started)
         .instrument(span.clone())
         .await;
+    acquiring.finish(acquire_outcome(
+        &result,
+        result.as_ref().ok().map(LockGuard::hold_count),
+    ));
     let _enter = span.enter();
     match &result {
-        Ok(guard) => info!(
-            waited_us = started.elapsed().as_micros() as u64,
-            token = guard.fencing_token(),
-            hold_count = guard.hold_count(),
-            "acquired"
-        ),
+        Ok(guard) => {
+            span.record("token", guard.fencing_token());
+            debug!(
+                waited_us = started.elapsed().as_micros() as u64,
+                token = guard.fencing_token(),
+                hold_count = guard.hold_count(),
+                "acquired"
+            )
+        }
         Err(err) => {
             debug!(waited_us = started.elapsed().as_micros() as u64, error = %err, "not acquired")
         }
@@ -165,6 +181,8 @@ async fn acquire_inner(
         });
     }
 
+    // From here on the caller waits: counted in `fairlock_waiting` until it returns.
+    let _waiting = Waiting::start(&shared.meter);
     let ttl = shared.options.waiter_ttl;
     let mut watch = loop {
         let watching = shared.backend.watch(&shared.name, &shared.owner);
@@ -224,6 +242,9 @@ async fn acquire_inner(
         }
         let (retry_after, last_token) = match outcome {
             (AcquireOutcome::Granted(grant), proven) => {
+                if grant.hold_count == 1 {
+                    shared.meter.handover("recheck");
+                }
                 return Ok(attempt.hold(grant, proven + lease, false));
             }
             (
@@ -270,6 +291,7 @@ async fn acquire_inner(
                     Some(Wake::Granted { grant, .. }) if grant.token <= last_token => {}
                     Some(Wake::Granted { grant, .. }) => {
                         if Instant::now() < handover_safe_until {
+                            shared.meter.handover("wakeup");
                             return Ok(attempt.hold(grant, handover_safe_until, true));
                         }
                         // Too old to trust without asking: `acquire` confirms it if still ours.
@@ -478,7 +500,13 @@ impl Attempt {
                     })
                     .await;
                     if let Err(err) = abandoned {
-                        warn!(error = %err, "abandoning failed; what we left ends with its TTL or lease");
+                        warn!(
+                            lock = %shared.name,
+                            owner = %shared.owner,
+                            %attempt,
+                            error = %err,
+                            "fairlock abandoning failed; what the attempt left ends with its TTL or lease"
+                        );
                     }
                 }
                 .instrument(span),

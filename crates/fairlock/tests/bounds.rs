@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use fairlock::{FairLock, LockClient, LockGuard, MemoryBackend};
+use fairlock::{FairLock, Lease, LockClient, LockGuard, MemoryBackend};
 
 fn send_sync<T: Send + Sync>() {}
 fn send<T: Send>(value: T) -> T {
@@ -18,6 +18,7 @@ fn send_static<T: Send + 'static>(value: T) -> T {
 #[test]
 fn types_are_send_and_sync() {
     send_sync::<LockGuard>();
+    send_sync::<Lease>();
     send_sync::<FairLock>();
     send_sync::<LockClient>();
     send_sync::<MemoryBackend>();
@@ -34,8 +35,16 @@ async fn futures_are_send() {
     drop(send(lock.try_lock_for(Duration::from_millis(1))));
     drop(send(client.state("bounds")));
     drop(send(client.force_unlock("bounds")));
+    drop(send(lock.run(|lease| async move { lease.fencing_token() })));
+    drop(send(lock.try_run(|_| async {})));
+    drop(send(
+        lock.try_run_for(Duration::from_millis(1), |_| async {}),
+    ));
     let guard = send_static(send(lock.lock()).await.unwrap());
     drop(send(guard.extend(Duration::from_secs(1))));
+    drop(send(guard.is_held()));
+    let lease = send_static(guard.lease());
+    drop(send_static(lease.lease_lost()));
     let lost = send_static(guard.lease_lost());
     let spawned = tokio::spawn(async move { guard.unlock().await });
     send_static::<Result<(), fairlock::Error>>(spawned.await.unwrap()).unwrap();
