@@ -214,6 +214,10 @@ fn parse_inspect(
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
         let name = request.name.as_str();
         let reply: String = self

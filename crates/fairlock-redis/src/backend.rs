@@ -261,6 +261,10 @@ fn parse_release(reply: &str) -> Option<ReleaseOutcome> {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
         let script = &self.scripts().await?.acquire;
         let name = request.name.as_str();
