@@ -328,7 +328,7 @@ impl FairLock {
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out while the lock was busy;
     /// [`Error::Unavailable`](crate::Error::Unavailable) when it ran out while the store was
-    /// failing or had not answered for 100 ms and a quarter of `wait` (paused, unreachable);
+    /// failing or had not answered for 250 ms and a quarter of `wait` (paused, unreachable);
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `wait` is above
     /// [`MAX_DURATION`](crate::MAX_DURATION); backend errors.
     ///
