@@ -12,7 +12,9 @@ DECLARE
     v_was_head boolean;
     v_freed boolean := false;
 BEGIN
-    l := @schema@._lock_row(p_name, false, p_margin_ms);
+    -- Created if missing, so this waits for an acquire of the same attempt that is inserting
+    -- the row right now, instead of spending the attempt beside a grant about to commit.
+    l := @schema@._lock_row(p_name, true, p_margin_ms);
     v_orig := l;
     v_now := clock_timestamp();
     PERFORM @schema@._spend(p_name, p_attempt, v_now, p_horizon_ms);

@@ -164,6 +164,9 @@ RETURNS @schema@.waiters LANGUAGE plpgsql AS $$
 DECLARE
     w @schema@.waiters;
     v_seq bigint;
+    -- The last front entry deleted: entries deleted by this transaction stay in the index
+    -- until it commits, so each pass starts after them (else k deletions cost O(k^2)).
+    v_after bigint := -9223372036854775808;
 BEGIN
     -- Row by row, by primary key: a single DELETE ... WHERE seq IN (subquery) may be given
     -- a plan that scans the lock's whole queue.
@@ -175,11 +178,13 @@ BEGIN
         DELETE FROM @schema@.waiters WHERE name = p_name AND seq = v_seq;
     END LOOP;
     LOOP
-        SELECT * INTO w FROM @schema@.waiters WHERE name = p_name ORDER BY seq LIMIT 1;
+        SELECT * INTO w FROM @schema@.waiters WHERE name = p_name AND seq > v_after
+        ORDER BY seq LIMIT 1;
         IF NOT FOUND OR w.deadline > v_now THEN
             RETURN w;
         END IF;
         DELETE FROM @schema@.waiters WHERE name = p_name AND seq = w.seq;
+        v_after := w.seq;
     END LOOP;
 END $$;
 

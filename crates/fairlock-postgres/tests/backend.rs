@@ -351,3 +351,57 @@ async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() 
         again.token
     );
 }
+
+/// An `abandon` that reaches a lock whose row an `acquire` of the same attempt is inserting
+/// (uncommitted: the lock's first use) waits for it and then ends the grant, instead of
+/// spending the attempt beside a grant that commits afterwards and holds the lock until its
+/// lease ends (found by review; abandon returned at once and the hold stayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandon_waits_for_a_first_acquire_in_flight() {
+    use fairlock::backend::LockBackend;
+
+    let server = common::Server::start();
+    let backend = server.backend().await;
+    let lock = common::name();
+    let caller = common::owner("caller");
+    let request = common::request(&lock, &caller, true);
+    // Installs the schema, on another lock.
+    backend.inspect(&common::name()).await.unwrap();
+
+    let (mut client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let transaction = client.transaction().await.unwrap();
+    let granted: String = transaction
+        .query_one(
+            "SELECT fairlock.acquire($1, $2, $3, 30000, 10000, true, 60000, 600000)",
+            &[
+                &lock.as_str(),
+                &caller.as_str(),
+                &uuid::Uuid::from_u128(request.attempt.as_u128()),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(granted.starts_with("G "), "{granted}");
+
+    let abandoning = {
+        let backend = backend.clone();
+        let (lock, caller, attempt) = (lock.clone(), caller.clone(), request.attempt);
+        tokio::spawn(async move { backend.abandon(&lock, &caller, attempt).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !abandoning.is_finished(),
+        "abandon did not wait for the acquire in flight"
+    );
+    transaction.commit().await.unwrap();
+    abandoning.await.unwrap().unwrap();
+    let state = backend.inspect(&lock).await.unwrap();
+    assert!(
+        state.holder.is_none(),
+        "the abandoned grant still holds: {state:?}"
+    );
+}
