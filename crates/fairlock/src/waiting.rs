@@ -497,7 +497,7 @@ impl Attempt {
                     // Removes our queue entry, a hand-over made to us that we never took, or a
                     // grant whose reply we never saw; a request of ours still on its way will
                     // find the attempt ended and change nothing.
-                    let (abandoned, _) = retry_transient(|| {
+                    let (abandoned, _) = retry_within(Duration::ZERO, || {
                         shared.backend.abandon(&shared.name, &shared.owner, attempt)
                     })
                     .await;
@@ -582,7 +582,8 @@ const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Runs `call` until it succeeds, fails for good, or the store has failed for `budget`
 /// (an outage, such as a failover, is ridden out as `lock()` rides it out; pauses double up to
-/// 1 s), trying at least [`RETRIES`] times; and says whether it had to try more than once (an
+/// 1 s), trying at least [`RETRIES`] times (with a zero budget: just those, about 0.75 s of
+/// pauses in all); and says whether it had to try more than once (an
 /// earlier try may have been applied). Only for calls that are harmless when applied twice.
 pub(crate) async fn retry_within<T, F, Fut>(budget: Duration, mut call: F) -> (Result<T>, bool)
 where
@@ -613,27 +614,4 @@ where
 /// opposed to a refusal that will not change by asking again.
 pub(crate) fn is_outage(err: &Error) -> bool {
     matches!(err, Error::Unavailable { .. })
-}
-
-/// Runs `call` until it succeeds, fails for good, or [`RETRIES`] outages (about 0.75 s of
-/// pauses in all), and says whether it had to try more than once (an earlier try may have
-/// been applied). Only for calls that are harmless when applied twice.
-pub(crate) async fn retry_transient<T, F, Fut>(mut call: F) -> (Result<T>, bool)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let mut pause = FIRST_RETRY_PAUSE;
-    let mut tries = 1;
-    loop {
-        match call().await {
-            Err(err) if is_outage(&err) && tries < RETRIES => {
-                debug!(error = %err, tries, "transient failure; trying again");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                tries += 1;
-            }
-            other => return (other, tries > 1),
-        }
-    }
 }
