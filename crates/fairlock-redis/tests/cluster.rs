@@ -119,14 +119,6 @@ async fn a_node_restart_loses_its_locks_but_not_token_order() {
     assert_eq!(released, ReleaseOutcome::NotHeld);
 }
 
-/// One hold as a contender saw it.
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    token: u64,
-    acquired: std::time::Instant,
-    released: std::time::Instant,
-}
-
 /// A busy lock whose slot moves to another node while contenders in two processes (two
 /// backends, each with its own subscriber) keep taking it: no error reaches `lock()`,
 /// `unlock()` or the watchdog's renewals, no two holds overlap, and soon after the move
@@ -134,11 +126,11 @@ struct Held {
 /// lock's channel; a process that has not noticed waits for a heartbeat, 10 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_busy_lock_survives_the_migration_of_its_slot() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
     use std::time::Instant;
 
-    use fairlock::{LockClient, LockOptions};
+    use common::contenders::{gaps_from, Contenders};
+    use fairlock::LockOptions;
 
     let cluster = Arc::new(common::cluster());
     let lock = common::name();
@@ -157,36 +149,11 @@ async fn a_busy_lock_survives_the_migration_of_its_slot() {
         waiter_ttl: Duration::from_secs(30),
         ..LockOptions::default()
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let holds = Arc::new(Mutex::new(Vec::<Held>::new()));
-    let mut contenders = Vec::new();
+    let mut backends = Vec::new();
     for _process in 0..2 {
-        let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
-        let client = LockClient::new(backend)
-            .with_options(options.clone())
-            .unwrap();
-        for _ in 0..2 {
-            let lock = client.fair_lock(lock.as_str()).unwrap();
-            let (stop, holds) = (stop.clone(), holds.clone());
-            contenders.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let guard = lock.lock().await?;
-                    let acquired = Instant::now();
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    assert!(!guard.is_lease_lost(), "the lease was lost");
-                    let token = guard.fencing_token();
-                    let released = Instant::now();
-                    guard.unlock().await?;
-                    holds.lock().unwrap().push(Held {
-                        token,
-                        acquired,
-                        released,
-                    });
-                }
-                Ok::<_, fairlock::Error>(())
-            }));
-        }
+        backends.push(RedisBackend::connect(&cluster.url()).await.unwrap());
     }
+    let contenders = Contenders::start(backends, 2, &lock, &options, Duration::from_millis(5));
 
     tokio::time::sleep(Duration::from_secs(1)).await;
     let moving = cluster.clone();
@@ -197,17 +164,11 @@ async fn a_busy_lock_survives_the_migration_of_its_slot() {
     assert_eq!(cluster.node_for_slot(slot).unwrap(), to);
     let moved = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, Ordering::Relaxed);
-    for contender in contenders {
-        contender
-            .await
-            .unwrap()
-            .expect("no error reaches the contenders");
+    let holds = contenders.finish().await;
+
+    for held in &holds {
+        assert!(!held.lease_lost, "a lease was lost: {held:?}");
     }
-
-    let mut holds = holds.lock().unwrap().clone();
-    holds.sort_by_key(|held| held.acquired);
-
     for pair in holds.windows(2) {
         assert!(
             pair[1].acquired >= pair[0].released,
@@ -217,12 +178,7 @@ async fn a_busy_lock_survives_the_migration_of_its_slot() {
     }
     // After the move, and the moment a process takes to notice it (it re-reads the slot map
     // every second while it has waiters), hand-overs are wake-ups again, not re-checks.
-    let settled = moved + Duration::from_millis(1500);
-    let gaps: Vec<Duration> = holds
-        .windows(2)
-        .filter(|pair| pair[0].released >= settled)
-        .map(|pair| pair[1].acquired - pair[0].released)
-        .collect();
+    let gaps = gaps_from(&holds, moved + Duration::from_millis(1500));
     let slowest = gaps.iter().max().copied().unwrap_or_default();
     println!(
         "{} holds, {} after the move; slowest hand-over after it {slowest:?}",

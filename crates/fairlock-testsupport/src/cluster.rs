@@ -1,4 +1,5 @@
-//! A Redis Cluster of masters only, each a [`RedisServer`].
+//! A Redis Cluster on loopback ports, each node a [`RedisServer`]: masters only, or masters
+//! with replicas for shard failovers.
 
 use std::io;
 use std::process::{Command, Stdio};
@@ -12,14 +13,16 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The number of hash slots of a Redis Cluster.
 const SLOTS: usize = 16_384;
 
-/// A Redis Cluster of `masters` nodes without replicas, all on 127.0.0.1, every node
-/// stopped when dropped.
+/// A Redis Cluster of `masters` nodes, without replicas or with
+/// [`start_with_replicas`](Self::start_with_replicas), all on 127.0.0.1, every node stopped
+/// when dropped.
 ///
 /// Nodes run with `--cluster-node-timeout 2000` and `--cluster-announce-ip 127.0.0.1`, their
-/// `nodes.conf` in their own directory; slots are split evenly in node order.
+/// `nodes.conf` in their own directory; slots are split evenly over the masters in node order.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    replicas_per_master: usize,
 }
 
 impl RedisCluster {
@@ -43,7 +46,34 @@ impl RedisCluster {
     ///
     /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
     pub fn start_with(masters: usize, args: &[&str]) -> io::Result<RedisCluster> {
-        Self::start_program(Program::default_server(), masters, args)
+        Self::start_program(Program::default_server(), masters, 0, args)
+    }
+
+    /// Starts `masters` masters (at least 3), each with `replicas` replicas, and waits until
+    /// the cluster is settled and every replica is in sync with its master. The masters are
+    /// nodes `0..masters`, their replicas the nodes after them. A master killed with
+    /// [`RedisServer::stop`] is replaced by one of its replicas after the node timeout (2 s):
+    /// see [`wait_for_failover`](Self::wait_for_failover).
+    ///
+    /// Nodes also run with `--repl-diskless-sync-delay 0`, so the initial full
+    /// synchronisation does not wait Redis's default 5 s for more replicas to join.
+    ///
+    /// # Panics
+    ///
+    /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> io::Result<RedisCluster> {
+        if masters < 3 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "redis-cli creates clusters with replicas from 3 masters up",
+            ));
+        }
+        Self::start_program(
+            Program::default_server(),
+            masters,
+            replicas,
+            &["--repl-diskless-sync-delay", "0"],
+        )
     }
 
     /// Like [`start_with`](Self::start_with), every node running the `redis-server` binary at
@@ -55,10 +85,15 @@ impl RedisCluster {
         args: &[&str],
     ) -> io::Result<RedisCluster> {
         crate::require_redis();
-        Self::start_program(Program::at(binary.as_ref())?, masters, args)
+        Self::start_program(Program::at(binary.as_ref())?, masters, 0, args)
     }
 
-    fn start_program(program: Program, masters: usize, args: &[&str]) -> io::Result<RedisCluster> {
+    fn start_program(
+        program: Program,
+        masters: usize,
+        replicas_per_master: usize,
+        args: &[&str],
+    ) -> io::Result<RedisCluster> {
         if masters == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -66,17 +101,63 @@ impl RedisCluster {
             ));
         }
         let extra: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let nodes = (0..masters)
+        let nodes = (0..masters * (1 + replicas_per_master))
             .map(|_| RedisServer::start_inner(program.clone(), extra.clone(), true))
             .collect::<io::Result<Vec<_>>>()?;
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            replicas_per_master,
+        };
         if masters >= 3 {
             cluster.create_with_cli()?;
         } else {
             cluster.create_by_hand()?;
         }
         cluster.wait_until_ok()?;
+        cluster.wait_until_replicas_online()?;
         Ok(cluster)
+    }
+
+    /// Waits until every master reports all its replicas online.
+    fn wait_until_replicas_online(&self) -> io::Result<()> {
+        for (index, node) in self.nodes.iter().enumerate() {
+            if self.replicas_per_master > 0 && node.cli(&["ROLE"])?.starts_with("master") {
+                self.wait_for_replicas(index, self.replicas_per_master, SETTLE_TIMEOUT)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (up to `timeout`) until node `index`, a master, reports `replicas` replicas online
+    /// (`INFO replication`), e.g. once a restarted node rejoined as a replica after a failover.
+    pub fn wait_for_replicas(
+        &self,
+        index: usize,
+        replicas: usize,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        let started = Instant::now();
+        loop {
+            let info = self.nodes[index]
+                .request(&["INFO", "replication"], Duration::from_secs(2))
+                .and_then(Reply::into_text)?;
+            let online = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .count();
+            if online >= replicas {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "node {index}: {online} of {replicas} replicas online after {timeout:?}"
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn create_with_cli(&self) -> io::Result<()> {
@@ -86,8 +167,9 @@ impl RedisCluster {
         }
         command.args(["--cluster", "create"]);
         command.args(self.nodes.iter().map(|n| n.addr().to_string()));
+        let replicas = self.replicas_per_master.to_string();
         let output = command
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas, "--cluster-yes"])
             .stdin(Stdio::null())
             .output()?;
         if output.status.success() {
@@ -230,23 +312,43 @@ impl RedisCluster {
         &mut self.nodes[index]
     }
 
-    /// The index of the node that serves `key`'s hash slot, as node 0 sees the cluster.
+    /// The index of the node that serves `key`'s hash slot, as the first running node sees
+    /// the cluster.
     pub fn node_for_key(&self, key: &str) -> io::Result<usize> {
         let slot: u16 = self
-            .cli(0, &["CLUSTER", "KEYSLOT", key])?
+            .cli(self.first_running()?, &["CLUSTER", "KEYSLOT", key])?
             .parse()
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
         self.node_for_slot(slot)
     }
 
-    /// The index of the node that serves hash slot `slot`, as node 0 sees the cluster.
+    /// The index of the node that serves hash slot `slot`, as the first running node sees the
+    /// cluster.
     pub fn node_for_slot(&self, slot: u16) -> io::Result<usize> {
-        let nodes = self.nodes[0]
+        self.node_for_slot_seen_by(self.first_running()?, slot)
+    }
+
+    /// The index of the first node that is not stopped.
+    fn first_running(&self) -> io::Result<usize> {
+        self.nodes
+            .iter()
+            .position(RedisServer::is_running)
+            .ok_or_else(|| io::Error::other("every node of the cluster is stopped"))
+    }
+
+    /// The index of the master that serves hash slot `slot`, as node `seen_by` sees the
+    /// cluster; a master flagged as failed serves nothing.
+    fn node_for_slot_seen_by(&self, seen_by: usize, slot: u16) -> io::Result<usize> {
+        let nodes = self.nodes[seen_by]
             .request(&["CLUSTER", "NODES"], Duration::from_secs(2))?
             .into_text()?;
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() < 9 || !fields[2].split(',').any(|flag| flag == "master") {
+            let flags: Vec<&str> = fields.get(2).map_or(vec![], |f| f.split(',').collect());
+            if fields.len() < 9
+                || !flags.contains(&"master")
+                || flags.iter().any(|flag| flag.starts_with("fail"))
+            {
                 continue;
             }
             let serves = fields[8..].iter().any(|range| {
@@ -278,6 +380,55 @@ impl RedisCluster {
 }
 
 impl RedisCluster {
+    /// Waits (up to `timeout`) until every running node sees hash slot `slot` served by a
+    /// master other than node `old` (e.g. after [`RedisServer::stop`] of `old`, the replica
+    /// the cluster promoted), that master answers `ROLE` as a master, and every running node
+    /// reports `cluster_state:ok`. Returns the new master's index.
+    pub fn wait_for_failover(&self, slot: u16, old: usize, timeout: Duration) -> io::Result<usize> {
+        let started = Instant::now();
+        loop {
+            match self.failed_over(slot, old) {
+                Ok(new) => return Ok(new),
+                Err(reason) if started.elapsed() > timeout => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no failover of slot {slot} within {timeout:?}: {reason}"),
+                    ))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    fn failed_over(&self, slot: u16, old: usize) -> io::Result<usize> {
+        let running: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].is_running())
+            .collect();
+        let mut new = None;
+        for &index in &running {
+            let serving = self.node_for_slot_seen_by(index, slot)?;
+            if serving == old || new.is_some_and(|new| new != serving) {
+                return Err(io::Error::other(format!(
+                    "node {index} sees slot {slot} on node {serving}"
+                )));
+            }
+            new = Some(serving);
+            let info = self.nodes[index]
+                .request(&["CLUSTER", "INFO"], Duration::from_secs(2))?
+                .into_text()?;
+            if !info.lines().any(|line| line.trim() == "cluster_state:ok") {
+                return Err(io::Error::other(format!("node {index} is not ok yet")));
+            }
+        }
+        let new = new.ok_or_else(|| io::Error::other("no node is running"))?;
+        let role = self.cli(new, &["ROLE"])?;
+        if role.starts_with("master") {
+            Ok(new)
+        } else {
+            Err(io::Error::other(format!("node {new} is not a master yet")))
+        }
+    }
+
     /// Node `index`'s cluster node id.
     pub fn node_id(&self, index: usize) -> io::Result<String> {
         self.cli(index, &["CLUSTER", "MYID"])

@@ -30,11 +30,16 @@ impl RedisSentinels {
     ///
     /// When Redis is not installed (see [`require_redis`](crate::require_redis)).
     pub fn start(replicas: usize, sentinels: usize) -> io::Result<RedisSentinels> {
-        let primary = RedisServer::start()?;
+        // A full synchronisation starts at once rather than after Redis's default 5 s wait
+        // for more replicas, here and when a node rejoins as a replica.
+        let no_sync_delay = ["--repl-diskless-sync-delay", "0"];
+        let primary = RedisServer::start_with(&no_sync_delay)?;
         let port = primary.port().to_string();
         let mut nodes = vec![primary];
         for _ in 0..replicas {
             nodes.push(RedisServer::start_with(&[
+                no_sync_delay[0],
+                no_sync_delay[1],
                 "--replicaof",
                 "127.0.0.1",
                 &port,
@@ -75,11 +80,7 @@ impl RedisSentinels {
     }
 
     fn unsettled(&self, replicas: usize) -> Option<String> {
-        let info = self.nodes[0].cli(&["INFO", "replication"]).ok()?;
-        let online = info
-            .lines()
-            .filter(|line| line.starts_with("slave") && line.contains("state=online"))
-            .count();
+        let online = online_replicas(&self.nodes[0]).ok()?;
         if online < replicas {
             return Some(format!("{online} of {replicas} replicas online"));
         }
@@ -146,6 +147,11 @@ impl RedisSentinels {
         &self.nodes
     }
 
+    /// The sentinels, e.g. to read their [`log`](RedisServer::log) after a failover.
+    pub fn sentinels(&self) -> &[RedisServer] {
+        &self.sentinels
+    }
+
     /// Kills the current primary with SIGKILL and returns its port.
     pub fn kill_primary(&mut self) -> io::Result<u16> {
         let port = self.primary_port()?;
@@ -153,6 +159,36 @@ impl RedisSentinels {
             .ok_or_else(|| io::Error::other(format!("no node on port {port}")))?
             .stop();
         Ok(port)
+    }
+
+    /// Waits (up to `timeout`) until the primary on `port` has `replicas` replicas online, e.g.
+    /// after a failover, once the surviving replicas were re-pointed and a restarted node
+    /// rejoined as a replica.
+    pub fn wait_for_replicas(
+        &self,
+        port: u16,
+        replicas: usize,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|node| node.port() == port)
+            .ok_or_else(|| io::Error::other(format!("no node on port {port}")))?;
+        let started = Instant::now();
+        loop {
+            let online = online_replicas(node).unwrap_or(0);
+            if online >= replicas {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{online} of {replicas} replicas of {port} online after {timeout:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits (up to `timeout`) until the sentinels name a primary other than `old_port`, and it
@@ -182,4 +218,13 @@ impl RedisSentinels {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// How many replicas `node`, a primary, reports online (`INFO replication`).
+fn online_replicas(node: &RedisServer) -> io::Result<usize> {
+    let info = node.cli(&["INFO", "replication"])?;
+    Ok(info
+        .lines()
+        .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+        .count())
 }

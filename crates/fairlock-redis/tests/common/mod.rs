@@ -2,6 +2,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod contenders;
+
 use std::time::Duration;
 
 use fairlock::backend::{AcquireRequest, AttemptId};

@@ -1,0 +1,123 @@
+//! A Redis Cluster whose shards have replicas (3 masters, 1 replica each): the master that
+//! serves a busy lock is killed with SIGKILL and the cluster promotes its replica, while
+//! contenders in two processes keep taking the lock. The same checks as the Sentinel failover
+//! (`sentinel.rs`), on a Cluster shard.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::contenders::{gaps_from, longest_stall, overlaps_across_failover, Contenders};
+use fairlock::LockOptions;
+use fairlock_redis::RedisBackend;
+use fairlock_testsupport::RedisCluster;
+
+/// Without acknowledgement: no error reaches a contender (the outage is shorter than the
+/// outage budget), fencing tokens keep increasing, holds overlap only where a grant the dead
+/// master had not replicated was lost, and after the failover hand-overs are wake-ups again
+/// (the processes subscribe to the lock's channel on the promoted replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contenders_ride_through_a_shard_failover() {
+    let overlaps = shard_failover(None).await;
+    println!("without acknowledgement: {overlaps} overlapping holds");
+}
+
+/// With every grant and renewal acknowledged by the shard's replica, which is the one the
+/// cluster promotes: no two holds overlap and no lease is lost. Until the promoted master has
+/// a replica again nothing can be acknowledged, so the test restarts the dead node, which
+/// rejoins as the new master's replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_grants_never_overlap_across_a_shard_failover() {
+    let overlaps = shard_failover(Some((1, Duration::from_millis(500)))).await;
+    assert_eq!(overlaps, 0, "acknowledged holds overlapped");
+}
+
+/// Runs the scenario; how many pairs of holds overlapped.
+async fn shard_failover(acks: Option<(u32, Duration)>) -> usize {
+    let mut cluster = RedisCluster::start_with_replicas(3, 1).expect("the cluster starts");
+    let name = common::name();
+    let slot: u16 = cluster
+        .cli(
+            0,
+            &["CLUSTER", "KEYSLOT", &format!("fairlock:{{{name}}}:h")],
+        )
+        .unwrap()
+        .parse()
+        .unwrap();
+    let master = cluster.node_for_slot(slot).unwrap();
+    // The lease outlasts the failover (a lease that ran out while the shard was away would
+    // rightly be reported lost).
+    let options = LockOptions {
+        watchdog_lease: Duration::from_secs(10),
+        waiter_ttl: Duration::from_secs(30),
+        ..LockOptions::default()
+    };
+    let mut backends = Vec::new();
+    for _process in 0..2 {
+        let mut builder = RedisBackend::builder(cluster.url());
+        if let Some((replicas, timeout)) = acks {
+            builder = builder.replicas_acked(replicas, timeout);
+        }
+        backends.push(builder.connect().await.unwrap());
+    }
+    let contenders = Contenders::start(backends, 2, &name, &options, Duration::from_millis(5));
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed_at = Instant::now();
+    cluster.node_mut(master).stop();
+    let restart = acks.is_some();
+    let (cluster, promoted_node, promoted, resumed) = tokio::task::spawn_blocking(move || {
+        let promoted_node = cluster
+            .wait_for_failover(slot, master, Duration::from_secs(30))
+            .expect("the replica is promoted");
+        let promoted = killed_at.elapsed();
+        if restart {
+            cluster
+                .node_mut(master)
+                .restart()
+                .expect("the dead master restarts");
+            cluster
+                .wait_for_replicas(promoted_node, 1, Duration::from_secs(30))
+                .expect("it rejoins as the new master's replica");
+        }
+        (cluster, promoted_node, promoted, Instant::now())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let holds = contenders.finish().await;
+    drop(cluster);
+
+    let overlaps = overlaps_across_failover(&holds, killed_at);
+    if acks.is_some() {
+        assert!(
+            holds.iter().all(|held| !held.lease_lost),
+            "an acknowledged hold was lost"
+        );
+    }
+    let stall = longest_stall(&holds);
+    let after = gaps_from(&holds, resumed + Duration::from_secs(2));
+    let slowest_after = after.iter().max().copied().unwrap_or_default();
+    println!(
+        "master {master} killed; node {promoted_node} promoted after {promoted:?}, replica \
+         back after {:?}; longest stall {stall:?}; {} holds, {overlaps} overlapping; {} \
+         hand-overs from 2 s after that, slowest {slowest_after:?}",
+        resumed - killed_at,
+        holds.len(),
+        after.len()
+    );
+    assert!(
+        stall < options.outage_budget,
+        "the stall outlasted the outage budget"
+    );
+    assert!(
+        after.len() >= 20,
+        "too few hand-overs after the failover: {}",
+        after.len()
+    );
+    assert!(
+        slowest_after < Duration::from_millis(500),
+        "hand-overs after the failover are not wake-ups: {slowest_after:?}"
+    );
+    overlaps
+}
