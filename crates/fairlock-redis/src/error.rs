@@ -52,6 +52,8 @@ pub(crate) fn is_unreachable(error: &RedisError) -> bool {
                 || details.starts_with("LOADING")
                 || details.starts_with("MASTERDOWN")
                 || details.starts_with("TRYAGAIN")
+                // A primary demoted by a failover, until the client follows the new one.
+                || details.starts_with("READONLY")
         }
     }
 }
@@ -92,6 +94,20 @@ mod tests {
             matches!(&mapped, Error::Unavailable { endpoint, .. } if endpoint == "127.0.0.1:1"),
             "{mapped}"
         );
+    }
+
+    /// A primary demoted by a failover answers writes with READONLY until the client follows
+    /// the new primary: an outage to ride out, not a broken backend.
+    #[test]
+    fn a_demoted_primary_is_unavailable() {
+        let mapped = map(
+            RedisError::new(
+                ErrorKind::Unknown,
+                "READONLY You can't write against a read only replica. script: x",
+            ),
+            CONTEXT,
+        );
+        assert!(matches!(mapped, Error::Unavailable { .. }), "{mapped}");
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl RedisCluster {
     /// Waits until every master reports all its replicas online.
     fn wait_until_replicas_online(&self) -> io::Result<()> {
         for (index, node) in self.nodes.iter().enumerate() {
-            if self.replicas_per_master > 0 && node.cli(&["ROLE"])?.starts_with("master") {
+            if self.replicas_per_master > 0 && is_master(node)? {
                 self.wait_for_replicas(index, self.replicas_per_master, SETTLE_TIMEOUT)?;
             }
         }
@@ -138,9 +138,11 @@ impl RedisCluster {
     ) -> io::Result<()> {
         let started = Instant::now();
         loop {
+            // A node busy with a failover or a sync may not answer at once: ask again.
             let info = self.nodes[index]
                 .request(&["INFO", "replication"], Duration::from_secs(2))
-                .and_then(Reply::into_text)?;
+                .and_then(Reply::into_text)
+                .unwrap_or_default();
             let online = info
                 .lines()
                 .filter(|line| line.starts_with("slave") && line.contains("state=online"))
@@ -421,8 +423,7 @@ impl RedisCluster {
             }
         }
         let new = new.ok_or_else(|| io::Error::other("no node is running"))?;
-        let role = self.cli(new, &["ROLE"])?;
-        if role.starts_with("master") {
+        if is_master(&self.nodes[new])? {
             Ok(new)
         } else {
             Err(io::Error::other(format!("node {new} is not a master yet")))
@@ -494,6 +495,17 @@ impl RedisCluster {
             expect(self.cli(index, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id])?)?;
         }
         Ok(())
+    }
+}
+
+/// Whether `node` answers `ROLE` as a master.
+fn is_master(node: &RedisServer) -> io::Result<bool> {
+    match node.request(&["ROLE"], Duration::from_secs(2))? {
+        Reply::Array(Some(fields)) => match fields.into_iter().next() {
+            Some(role) => Ok(role.into_text()? == "master"),
+            None => Ok(false),
+        },
+        other => Err(io::Error::other(format!("ROLE answered {other:?}"))),
     }
 }
 

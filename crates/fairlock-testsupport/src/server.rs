@@ -310,6 +310,25 @@ impl RedisServer {
         }
     }
 
+    /// Like [`restart`](Self::restart), but the server comes back as a replica of the server on
+    /// `primary_port` (and stays one across later restarts), so it never answers as an empty
+    /// primary in between: how a primary that lost a failover rejoins.
+    pub fn restart_as_replica_of(&mut self, primary_port: u16) -> io::Result<()> {
+        if let Some(at) = self
+            .extra
+            .iter()
+            .position(|arg| arg.eq_ignore_ascii_case("--replicaof"))
+        {
+            self.extra.drain(at..(at + 3).min(self.extra.len()));
+        }
+        self.extra.extend([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary_port.to_string(),
+        ]);
+        self.restart()
+    }
+
     /// Freezes the server with SIGSTOP: connections stay open but nothing is answered, as with
     /// a hung host. Undo with [`resume_process`](Self::resume_process); dropping also works.
     pub fn pause_process(&self) -> io::Result<()> {

@@ -11,6 +11,11 @@
 //! Script time is read from `SLOWLOG`, which Redis fills with whole `EVALSHA` calls (the
 //! commands a script runs are not logged apart). During the churn the threshold is 100 µs (so
 //! the log never overflows); around the hand-overs it is 0, so every call is timed.
+//!
+//! Redis 7 also logs each command a script runs. Every such command here costs O(log n) at most
+//! (`crates/fairlock-redis/tests/complexity.rs` bounds how many a call runs), so when one of
+//! them took milliseconds, Redis itself was stalled (descheduled on a busy machine, page
+//! faults): the slowest of them is reported as the stall floor next to the slowest call.
 
 use std::time::{Duration, Instant};
 
@@ -59,6 +64,21 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         );
     }
     section.push(Figure::new(
+        format!(
+            "script calls over 1 ms, {leavers} join-and-leave (of about {})",
+            2 * leavers
+        ),
+        join_and_leave.calls_over_1ms as f64,
+        "",
+    ));
+    section.push(Figure::new(
+        "stall floor: slowest single command run inside those scripts (each of bounded cost)",
+        join_and_leave
+            .slowest_inner_us
+            .max(deaths_run.slowest_inner_us),
+        "µs",
+    ));
+    section.push(Figure::new(
         format!("{deaths} simultaneous waiter deaths: the live waiter behind them holds after"),
         deaths_run.served.as_secs_f64() * 1e3,
         "ms",
@@ -90,6 +110,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
 
 struct Churn {
     slowest_us: f64,
+    calls_over_1ms: usize,
+    slowest_inner_us: f64,
     churn_took: Duration,
     slow_churn_calls: usize,
     served: Duration,
@@ -150,7 +172,7 @@ async fn join_and_leave(
     let churn_took = started.elapsed();
     let last = request(&name, "last", LONG)?;
     queued(backend, &last).await?;
-    let churn_slow = slowlog_durations(bench).await?;
+    let (churn_slow, churn_inner) = slowlog_durations(bench).await?;
 
     slowlog_reset(bench, 0).await?;
     let served_from = Instant::now();
@@ -163,12 +185,14 @@ async fn join_and_leave(
         .await?;
     let last_token = granted(backend, &last).await?;
     let served = served_from.elapsed();
-    let timed = slowlog_durations(bench).await?;
+    let (timed, timed_inner) = slowlog_durations(bench).await?;
     backend
         .release(&name, &last.owner, last_token, last.attempt)
         .await?;
     Ok(Churn {
         slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
+        calls_over_1ms: over_1ms(&churn_slow, &timed),
+        slowest_inner_us: churn_inner.max(timed_inner) as f64,
         churn_took,
         slow_churn_calls: churn_slow.len(),
         served,
@@ -206,7 +230,7 @@ async fn simultaneous_deaths(
     let survivor = request(&name, "survivor", LONG)?;
     queued(backend, &survivor).await?;
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-    let churn_slow = slowlog_durations(bench).await?;
+    let (churn_slow, churn_inner) = slowlog_durations(bench).await?;
 
     slowlog_reset(bench, 0).await?;
     let served_from = Instant::now();
@@ -223,17 +247,23 @@ async fn simultaneous_deaths(
         }
     };
     let served = served_from.elapsed();
-    let timed = slowlog_durations(bench).await?;
+    let (timed, timed_inner) = slowlog_durations(bench).await?;
     backend
         .release(&name, &survivor.owner, survivor_token, survivor.attempt)
         .await?;
     Ok(Churn {
         slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
+        calls_over_1ms: over_1ms(&churn_slow, &timed),
+        slowest_inner_us: churn_inner.max(timed_inner) as f64,
         churn_took,
         slow_churn_calls: churn_slow.len(),
         served,
         calls,
     })
+}
+
+fn over_1ms(churn: &[u64], timed: &[u64]) -> usize {
+    churn.iter().chain(timed).filter(|us| **us > 1_000).count()
 }
 
 /// Locks and unlocks `names` distinct locks once each through a backend with a short fence
@@ -312,8 +342,24 @@ async fn slowlog_reset(bench: &Bench, threshold_us: u64) -> Result<(), BoxError>
     Ok(())
 }
 
-/// The durations (µs) of the script calls in the slow log.
-async fn slowlog_durations(bench: &Bench) -> Result<Vec<u64>, BoxError> {
+/// The durations (µs) of the script calls in the slow log, and of the slowest command run
+/// inside a script (every other entry: the bench sends nothing else meanwhile).
+async fn slowlog_durations(bench: &Bench) -> Result<(Vec<u64>, u64), BoxError> {
+    let mut scripts = Vec::new();
+    let mut slowest_inner = 0;
+    for (command, us) in slowlog_entries(bench).await? {
+        if command.starts_with("EVAL") {
+            scripts.push(us);
+        } else {
+            slowest_inner = slowest_inner.max(us);
+        }
+    }
+    Ok((scripts, slowest_inner))
+}
+
+/// Every entry of the slow log as (command, duration in µs); then sets the threshold back to
+/// 10 ms.
+async fn slowlog_entries(bench: &Bench) -> Result<Vec<(String, u64)>, BoxError> {
     let entries: Vec<Value> = bench
         .admin
         .custom(
@@ -321,7 +367,7 @@ async fn slowlog_durations(bench: &Bench) -> Result<Vec<u64>, BoxError> {
             vec!["GET", "-1"],
         )
         .await?;
-    let mut durations = Vec::new();
+    let mut timed = Vec::new();
     for entry in entries {
         // [id, timestamp, duration µs, [command, args...], client, name]
         let Value::Array(fields) = entry else {
@@ -340,9 +386,7 @@ async fn slowlog_durations(bench: &Bench) -> Result<Vec<u64>, BoxError> {
                 .to_ascii_uppercase(),
             _ => String::new(),
         };
-        if command.starts_with("EVAL") {
-            durations.push(duration);
-        }
+        timed.push((command, duration));
     }
     let _: Value = bench
         .admin
@@ -351,5 +395,5 @@ async fn slowlog_durations(bench: &Bench) -> Result<Vec<u64>, BoxError> {
             vec!["SET", "slowlog-log-slower-than", "10000"],
         )
         .await?;
-    Ok(durations)
+    Ok(timed)
 }
