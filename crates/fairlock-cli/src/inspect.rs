@@ -42,12 +42,26 @@ pub(crate) async fn force_unlock(
     args: &ForceUnlockArgs,
 ) -> Result<u8, Failure> {
     let was_held = client.force_unlock(&args.name).await?;
-    if was_held {
+    if args.json {
+        let json = ForceUnlockJson {
+            name: &args.name,
+            was_held,
+        };
+        println!("{}", to_json(&json)?);
+    } else if was_held {
         println!("lock {:?} was held; released it", args.name);
     } else {
         println!("lock {:?} was not held", args.name);
     }
     Ok(OK)
+}
+
+/// `force-unlock --json`.
+#[derive(Debug, Serialize)]
+struct ForceUnlockJson<'a> {
+    name: &'a str,
+    /// Whether someone held the lock (and so was forced out).
+    was_held: bool,
 }
 
 /// `status --json`.
