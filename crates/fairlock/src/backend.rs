@@ -122,7 +122,6 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::error::Result;
@@ -404,7 +403,8 @@ impl std::str::FromStr for AttemptId {
     }
 }
 
-impl Serialize for AttemptId {
+#[cfg(feature = "serde")]
+impl serde::Serialize for AttemptId {
     fn serialize<S: serde::Serializer>(
         &self,
         serializer: S,
@@ -450,7 +450,8 @@ pub enum AcquireOutcome {
 }
 
 /// A successful acquisition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Grant {
     /// The fencing token of this hold: strictly greater than any earlier hold's.
     pub token: u64,
@@ -472,7 +473,8 @@ pub enum ReleaseOutcome {
 }
 
 /// A snapshot of one lock, from [`LockBackend::inspect`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LockState {
     /// The lock's name.
     pub name: String,
@@ -483,7 +485,8 @@ pub struct LockState {
 }
 
 /// The holder of a lock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HolderState {
     /// The holder's owner id.
     pub owner: String,
@@ -492,26 +495,28 @@ pub struct HolderState {
     /// Its fencing token.
     pub token: u64,
     /// Time left on the lease, by the store's clock.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub lease_remaining: Duration,
     /// `false` while this is a pending grant the waiter has not confirmed yet.
     pub confirmed: bool,
 }
 
 /// One live waiter of a lock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct WaiterState {
     /// The waiter's owner id.
     pub owner: String,
     /// The attempt this queue entry belongs to.
     pub attempt: AttemptId,
     /// Time left until its liveness deadline, by the store's clock.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub deadline_in: Duration,
 }
 
 /// One line of [`LockBackend::list`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LockSummary {
     /// The lock's name.
     pub name: String,

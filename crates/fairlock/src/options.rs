@@ -1,8 +1,6 @@
-//! Lock settings, with serde support for configuration files.
+//! Lock settings, with serde support (feature `serde`) for configuration files.
 
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -12,35 +10,39 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Shortest waiter liveness TTL: heartbeats go out every third of it.
 pub const MIN_WAITER_TTL: Duration = Duration::from_millis(30);
 
-/// How locks behave. Durations deserialize from human-readable strings (`"30s"`, `"500ms"`).
+/// How locks behave. With the `serde` feature (on by default), durations deserialize from
+/// human-readable strings (`"30s"`, `"500ms"`).
 ///
 /// ```
+/// # #[cfg(feature = "serde")] {
 /// # use fairlock::LockOptions;
 /// let options: LockOptions = serde_json::from_str(r#"{ "lease": "10s", "waiter_ttl": "3s" }"#)?;
 /// assert_eq!(options.lease, Some(std::time::Duration::from_secs(10)));
+/// # }
 /// # Ok::<(), serde_json::Error>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct LockOptions {
     /// A fixed lease: the lock expires this long after it is acquired unless extended with
     /// [`LockGuard::extend`](crate::LockGuard::extend). `None` (the default): a watchdog
     /// renews [`watchdog_lease`](Self::watchdog_lease) for as long as the guard lives.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub lease: Option<Duration>,
     /// The lease the watchdog keeps renewing, every third of it. Default 30 s.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub watchdog_lease: Duration,
     /// How long a waiter keeps its place in the queue without a heartbeat; waiters heartbeat
     /// every third of it, so a crashed waiter blocks nobody for longer. Default 5 s.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub waiter_ttl: Duration,
     /// How long `lock()` rides out a store that fails transiently (a dropped connection, a
     /// failover): it retries with a capped back-off as the same attempt, keeping its place in
     /// the queue if the store is back within the waiter TTL, and returns
     /// [`Error::Unavailable`](crate::Error::Unavailable) only once the store has failed for
     /// this long without a success. Default 30 s; zero gives up at the first failure.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub outage_budget: Duration,
 }
 
@@ -151,6 +153,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "serde")]
     fn deserializes_human_durations() {
         let o: LockOptions = serde_json::from_str(
             r#"{"lease":"1m 30s","watchdog_lease":"10s","waiter_ttl":"500ms"}"#,
