@@ -194,20 +194,14 @@ fn parse_wait(value: &str) -> Result<Duration, String> {
 
 fn parse_lease(value: &str) -> Result<Duration, String> {
     let lease = parse_duration(value)?;
-    let options = LockOptions {
-        lease: Some(lease),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default().with_lease(lease);
     options.validate().map_err(|err| err.to_string())?;
     Ok(lease)
 }
 
 fn parse_watchdog_lease(value: &str) -> Result<Duration, String> {
     let watchdog_lease = parse_duration(value)?;
-    let options = LockOptions {
-        watchdog_lease,
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default().with_watchdog_lease(watchdog_lease);
     options.validate().map_err(|err| err.to_string())?;
     Ok(watchdog_lease)
 }

@@ -61,13 +61,14 @@ async fn main() -> fairlock::Result<()> {
     holder.unlock().await?;
 
     // A fixed 500 ms lease that the work outlives: the guard says so when the store drops it.
-    let lock = client.fair_lock("report")?.with_options(LockOptions {
-        lease: Some(Duration::from_millis(500)),
-        ..LockOptions::default()
-    })?;
+    let lock = client
+        .fair_lock("report")?
+        .with_options(LockOptions::default().with_lease(Duration::from_millis(500)))?;
     let guard = lock.lock().await?;
     tokio::select! {
-        () = guard.lease_lost() => println!("lease lost after ~500 ms: stop writing with token {}", guard.fencing_token()),
+        () = guard.lease_lost() => {
+            println!("lease lost after ~500 ms: stop writing with token {}", guard.fencing_token());
+        }
         () = sleep(Duration::from_secs(5)) => panic!("the lease outlived its 500 ms"),
     }
     match guard.unlock().await {

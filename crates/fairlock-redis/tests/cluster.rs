@@ -152,11 +152,9 @@ async fn a_busy_lock_survives_the_migration_of_its_slot() {
         .unwrap();
     let from = cluster.node_for_slot(slot).unwrap();
     let to = (from + 1) % 3;
-    let options = LockOptions {
-        watchdog_lease: Duration::from_secs(3),
-        waiter_ttl: Duration::from_secs(30),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default()
+        .with_watchdog_lease(Duration::from_secs(3))
+        .with_waiter_ttl(Duration::from_secs(30));
     let stop = Arc::new(AtomicBool::new(false));
     let holds = Arc::new(Mutex::new(Vec::<Held>::new()));
     let mut contenders = Vec::new();

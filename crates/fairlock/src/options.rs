@@ -13,6 +13,20 @@ pub const MIN_WAITER_TTL: Duration = Duration::from_millis(30);
 /// How locks behave. With the `serde` feature (on by default), durations deserialize from
 /// human-readable strings (`"30s"`, `"500ms"`).
 ///
+/// New settings will be added in minor releases, so the struct cannot be built with a
+/// literal outside this crate: start from [`LockOptions::default()`] and change what you need
+/// with the `with_*` methods (or by assigning the public fields).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use fairlock::LockOptions;
+/// let options = LockOptions::default()
+///     .with_lease(Duration::from_secs(10))
+///     .with_waiter_ttl(Duration::from_secs(3));
+/// assert_eq!(options.lease, Some(Duration::from_secs(10)));
+/// assert_eq!(options.watchdog_lease, Duration::from_secs(30)); // the default
+/// ```
+///
 /// ```
 /// # #[cfg(feature = "serde")] {
 /// # use fairlock::LockOptions;
@@ -24,6 +38,7 @@ pub const MIN_WAITER_TTL: Duration = Duration::from_millis(30);
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+#[non_exhaustive]
 pub struct LockOptions {
     /// A fixed lease: the lock expires this long after it is acquired unless extended with
     /// [`LockGuard::extend`](crate::LockGuard::extend). `None` (the default): a watchdog
@@ -58,6 +73,36 @@ impl Default for LockOptions {
 }
 
 impl LockOptions {
+    /// A fixed lease of `lease`, not renewed (see [`lease`](Self::lease)); checked when the
+    /// options are used.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The lease the watchdog renews (see [`watchdog_lease`](Self::watchdog_lease)).
+    #[must_use]
+    pub fn with_watchdog_lease(mut self, watchdog_lease: Duration) -> Self {
+        self.watchdog_lease = watchdog_lease;
+        self
+    }
+
+    /// A waiter's liveness TTL (see [`waiter_ttl`](Self::waiter_ttl)).
+    #[must_use]
+    pub fn with_waiter_ttl(mut self, waiter_ttl: Duration) -> Self {
+        self.waiter_ttl = waiter_ttl;
+        self
+    }
+
+    /// How long `lock()` rides out a failing store (see
+    /// [`outage_budget`](Self::outage_budget)).
+    #[must_use]
+    pub fn with_outage_budget(mut self, outage_budget: Duration) -> Self {
+        self.outage_budget = outage_budget;
+        self
+    }
+
     /// Checks every duration.
     ///
     /// # Errors
