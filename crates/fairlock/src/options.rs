@@ -198,6 +198,43 @@ mod tests {
     }
 
     #[test]
+    fn each_setter_changes_its_own_field_only() {
+        let second = Duration::from_secs(1);
+        let default = LockOptions::default();
+        let cases = [
+            (default.clone().with_lease(second), "lease"),
+            (
+                default.clone().with_watchdog_lease(second),
+                "watchdog_lease",
+            ),
+            (default.clone().with_waiter_ttl(second), "waiter_ttl"),
+            (default.clone().with_outage_budget(second), "outage_budget"),
+        ];
+        for (options, field) in cases {
+            let changed = [
+                ("lease", options.lease != default.lease),
+                (
+                    "watchdog_lease",
+                    options.watchdog_lease != default.watchdog_lease,
+                ),
+                ("waiter_ttl", options.waiter_ttl != default.waiter_ttl),
+                (
+                    "outage_budget",
+                    options.outage_budget != default.outage_budget,
+                ),
+            ];
+            for (name, differs) in changed {
+                assert_eq!(
+                    differs,
+                    name == field,
+                    "with_{field} and {name}: {options:?}"
+                );
+            }
+            options.validate().unwrap();
+        }
+    }
+
+    #[test]
     #[cfg(feature = "serde")]
     fn deserializes_human_durations() {
         let o: LockOptions = serde_json::from_str(
