@@ -8,6 +8,10 @@ quickstart:
 test:
     ./scripts/test.sh
 
+# Package the published crates and build them as crates.io would serve them (part of `test`).
+check-publish:
+    ./scripts/check-publish.sh
+
 # Benchmarks against the round-trip limit on a private redis-server (docs/performance.md).
 bench *ARGS:
     ./scripts/bench.sh {{ARGS}}

@@ -2,8 +2,8 @@
 # Installs what the tests and benchmarks need and a fresh machine lacks: redis-server and
 # redis-cli (real servers, started by the tests themselves), PostgreSQL's server binaries
 # (initdb, postgres, psql: the PostgreSQL tests start throwaway clusters themselves),
-# faketime (clock-skew test), and a Redis 6.2 server for the tests of the oldest supported
-# Redis (see below).
+# faketime (clock-skew test), python3 (scripts/check-publish.sh), and a Redis 6.2 server for
+# the tests of the oldest supported Redis (see below).
 # Uses apt when run as root; otherwise says what to install and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,8 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v faketime >/dev/null || missing+=(faketime)
+# scripts/check-publish.sh reads cargo's JSON with it.
+command -v python3 >/dev/null || missing+=(python3)
 # fairlock-testsupport looks in /usr/lib/postgresql/*/bin (Debian's layout), or in
 # $FAIRLOCK_PG_BINDIR.
 have_postgres() {
@@ -37,7 +39,7 @@ have_redis62() { "$link" --version 2>/dev/null | grep -q 'v=6\.2\.'; }
 if ! have_redis62; then
   # `python3 -m venv` needs ensurepip, which Debian ships separately (python3-venv).
   if ! command -v python3 >/dev/null; then
-    missing+=(python3 python3-venv)
+    missing+=(python3-venv)
   elif ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     missing+=(python3-venv)
   fi

@@ -18,5 +18,9 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+# Packages the published crates and builds them as crates.io would serve them, on
+# dependencies that support the declared rust-version (what that does and does not prove:
+# see the script).
+./scripts/check-publish.sh
 echo "== cargo test"
 cargo test --workspace --all-features

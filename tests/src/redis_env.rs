@@ -47,12 +47,10 @@ pub async fn client(url: &str, options: LockOptions) -> LockClient {
 
 /// Options with a watchdog lease of `watchdog_lease` and a waiter TTL of `waiter_ttl`.
 pub fn options(watchdog_lease: Duration, waiter_ttl: Duration) -> LockOptions {
-    LockOptions {
-        lease: None,
-        watchdog_lease,
-        waiter_ttl,
-        outage_budget: Duration::from_secs(30),
-    }
+    LockOptions::default()
+        .with_watchdog_lease(watchdog_lease)
+        .with_waiter_ttl(waiter_ttl)
+        .with_outage_budget(Duration::from_secs(30))
 }
 
 /// Awaits `future`, failing the test if it takes longer than `limit`: no call may hang.

@@ -188,12 +188,13 @@ async fn zero_huge_and_overflowing_durations_are_refused() {
     let longest = c
         .fair_lock("d")
         .unwrap()
-        .with_options(LockOptions {
-            lease: Some(MAX_DURATION),
-            watchdog_lease: MAX_DURATION,
-            waiter_ttl: MAX_DURATION,
-            outage_budget: std::time::Duration::from_secs(30),
-        })
+        .with_options(
+            LockOptions::default()
+                .with_lease(MAX_DURATION)
+                .with_watchdog_lease(MAX_DURATION)
+                .with_waiter_ttl(MAX_DURATION)
+                .with_outage_budget(std::time::Duration::from_secs(30)),
+        )
         .unwrap();
     let held = bounded("try_lock_for", LIMIT, longest.try_lock_for(MAX_DURATION))
         .await

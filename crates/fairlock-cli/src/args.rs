@@ -26,6 +26,9 @@ Examples:
   # Free a lock whose holder is stuck (the next waiter gets it):
   fairlock force-unlock deploy
 
+  # Tab completion for bash (zsh, fish, elvish and powershell work the same way):
+  fairlock completions bash > ~/.local/share/bash-completion/completions/fairlock
+
 Exit codes:
   0        success (exec: the command's own exit code passes through)
   2        bad arguments
@@ -95,6 +98,8 @@ pub(crate) enum Command {
     ForceUnlock(ForceUnlockArgs),
     /// List the locks that are held or waited on.
     List(ListArgs),
+    /// Print a shell completion script for `fairlock` on stdout; needs no store.
+    Completions(CompletionsArgs),
 }
 
 /// `fairlock exec`.
@@ -140,6 +145,17 @@ pub(crate) struct ForceUnlockArgs {
     /// The lock's name.
     #[arg(value_parser = parse_name)]
     pub(crate) name: String,
+    /// Print JSON (see docs/cli.md for the fields).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `fairlock completions`.
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
 }
 
 /// `fairlock list`.
@@ -178,20 +194,14 @@ fn parse_wait(value: &str) -> Result<Duration, String> {
 
 fn parse_lease(value: &str) -> Result<Duration, String> {
     let lease = parse_duration(value)?;
-    let options = LockOptions {
-        lease: Some(lease),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default().with_lease(lease);
     options.validate().map_err(|err| err.to_string())?;
     Ok(lease)
 }
 
 fn parse_watchdog_lease(value: &str) -> Result<Duration, String> {
     let watchdog_lease = parse_duration(value)?;
-    let options = LockOptions {
-        watchdog_lease,
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default().with_watchdog_lease(watchdog_lease);
     options.validate().map_err(|err| err.to_string())?;
     Ok(watchdog_lease)
 }
@@ -243,6 +253,17 @@ mod tests {
         assert!(
             Cli::try_parse_from(["fairlock", "exec", "job", "--wiat", "1s", "--", "true"]).is_err()
         );
+    }
+
+    #[test]
+    fn completions_name_a_known_shell() {
+        let cli = Cli::try_parse_from(["fairlock", "completions", "zsh"]).unwrap();
+        let Command::Completions(args) = cli.command else {
+            panic!("not completions")
+        };
+        assert_eq!(args.shell, clap_complete::Shell::Zsh);
+        let err = Cli::try_parse_from(["fairlock", "completions", "tcsh"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
     }
 
     #[test]

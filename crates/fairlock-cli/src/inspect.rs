@@ -42,12 +42,26 @@ pub(crate) async fn force_unlock(
     args: &ForceUnlockArgs,
 ) -> Result<u8, Failure> {
     let was_held = client.force_unlock(&args.name).await?;
-    if was_held {
+    if args.json {
+        let json = ForceUnlockJson {
+            name: &args.name,
+            was_held,
+        };
+        println!("{}", to_json(&json)?);
+    } else if was_held {
         println!("lock {:?} was held; released it", args.name);
     } else {
         println!("lock {:?} was not held", args.name);
     }
     Ok(OK)
+}
+
+/// `force-unlock --json`.
+#[derive(Debug, Serialize)]
+struct ForceUnlockJson<'a> {
+    name: &'a str,
+    /// Whether someone held the lock (and so was forced out).
+    was_held: bool,
 }
 
 /// `status --json`.
@@ -205,21 +219,21 @@ mod tests {
     use fairlock::backend::{AttemptId, HolderState, WaiterState};
 
     fn sample() -> LockState {
-        LockState {
-            name: "deploy".into(),
-            holder: Some(HolderState {
-                owner: "a1".into(),
-                hold_count: 2,
-                token: 7,
-                lease_remaining: Duration::from_micros(29_512_900),
-                confirmed: true,
-            }),
-            waiters: vec![WaiterState {
-                owner: "b2".into(),
-                attempt: AttemptId::from_u128(1),
-                deadline_in: Duration::from_millis(4_900),
-            }],
-        }
+        LockState::new(
+            "deploy",
+            Some(HolderState::new(
+                "a1",
+                2,
+                7,
+                Duration::from_micros(29_512_900),
+                true,
+            )),
+            vec![WaiterState::new(
+                "b2",
+                AttemptId::from_u128(1),
+                Duration::from_millis(4_900),
+            )],
+        )
     }
 
     #[test]
@@ -244,11 +258,7 @@ mod tests {
 
     #[test]
     fn a_free_lock_has_a_null_holder() {
-        let state = LockState {
-            name: "x".into(),
-            holder: None,
-            waiters: vec![],
-        };
+        let state = LockState::new("x", None, vec![]);
         let json = serde_json::to_value(StatusJson::from(&state)).unwrap();
         assert_eq!(json["holder"], serde_json::Value::Null);
         assert_eq!(json["held"], false);
@@ -274,16 +284,8 @@ mod tests {
     #[test]
     fn list_text_aligns_columns() {
         let locks = [
-            LockSummary {
-                name: "a".into(),
-                holder: Some("owner-1".into()),
-                waiters: 2,
-            },
-            LockSummary {
-                name: "long-name".into(),
-                holder: None,
-                waiters: 1,
-            },
+            LockSummary::new("a", Some("owner-1".into()), 2),
+            LockSummary::new("long-name", None, 1),
         ];
         let text = list_text(&locks);
         let lines: Vec<_> = text.lines().collect();

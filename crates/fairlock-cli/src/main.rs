@@ -2,6 +2,7 @@
 //! See `fairlock --help` and docs/cli.md.
 
 mod args;
+mod completions;
 mod connect;
 mod exec;
 mod exit;
@@ -43,12 +44,14 @@ fn run_on_tokio(cli: Cli) -> Result<u8, Failure> {
 }
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
-    let client = connect::connect(&cli.store).await?;
+    let client = || connect::connect(&cli.store);
     match &cli.command {
-        Command::Exec(args) => exec::exec(&client, args).await,
-        Command::Status(args) => inspect::status(&client, args).await,
-        Command::ForceUnlock(args) => inspect::force_unlock(&client, args).await,
-        Command::List(args) => inspect::list(&client, args).await,
+        Command::Exec(args) => exec::exec(&client().await?, args).await,
+        Command::Status(args) => inspect::status(&client().await?, args).await,
+        Command::ForceUnlock(args) => inspect::force_unlock(&client().await?, args).await,
+        Command::List(args) => inspect::list(&client().await?, args).await,
+        // Completions describe the command line only: no store, so they work anywhere.
+        Command::Completions(args) => completions::print(args.shell),
     }
 }
 

@@ -443,3 +443,75 @@ fn an_unreachable_store_exits_69_naming_the_endpoint() {
         started.elapsed()
     );
 }
+
+#[test]
+fn force_unlock_json_says_whether_the_lock_was_held() {
+    let world = World::new();
+    let holder = world.hold_until_gate("stuck", &[]);
+    let output = world.run(&["force-unlock", "stuck", "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap(),
+        serde_json::json!({ "name": "stuck", "was_held": true })
+    );
+    assert_eq!(world.status("stuck")["held"], false);
+
+    let output = world.run(&["force-unlock", "stuck", "--json"]);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap(),
+        serde_json::json!({ "name": "stuck", "was_held": false })
+    );
+    world.open_gate("stuck");
+    assert_eq!(holder.wait(LIMIT), LEASE_LOST);
+}
+
+#[test]
+fn completions_are_printed_without_reaching_a_store() {
+    // Nobody listens on this port: the command must not even try it.
+    let port = fairlock_testsupport::free_port().unwrap();
+    let completions = |shell: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fairlock"))
+            .args(["--url", &format!("redis://127.0.0.1:{port}")])
+            .args(["completions", shell])
+            .output()
+            .unwrap()
+    };
+    let scratch = fairlock_testsupport::TempDir::new("completions").unwrap();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let output = completions(shell);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{shell}: {}",
+            text(&output.stderr)
+        );
+        assert!(
+            text(&output.stdout).contains("force-unlock"),
+            "{shell}: {}",
+            text(&output.stdout)
+        );
+        if shell == "bash" {
+            // The script loads in bash and completes the subcommands.
+            let script = scratch.path().join("fairlock.bash");
+            std::fs::write(&script, &output.stdout).unwrap();
+            let words = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(
+                    "source \"$1\"; COMP_WORDS=(fairlock st); COMP_CWORD=1; COMP_LINE='fairlock st'; \
+                     COMP_POINT=${#COMP_LINE}; _fairlock fairlock st fairlock; printf '%s\\n' \"${COMPREPLY[@]}\"",
+                )
+                .arg("bash")
+                .arg(&script)
+                .output()
+                .unwrap();
+            assert_eq!(
+                text(&words.stdout).trim(),
+                "status",
+                "{}",
+                text(&words.stderr)
+            );
+        }
+    }
+    let output = completions("tcsh");
+    assert_eq!(output.status.code(), Some(USAGE));
+}

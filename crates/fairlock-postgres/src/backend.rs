@@ -182,31 +182,27 @@ fn parse_inspect(
     name: &LockName,
     rows: &[Row],
 ) -> std::result::Result<LockState, tokio_postgres::Error> {
-    let mut state = LockState {
-        name: name.to_string(),
-        holder: None,
-        waiters: Vec::new(),
-    };
+    let mut state = LockState::new(name.to_string(), None, Vec::new());
     for row in rows {
         let kind: String = row.try_get(0)?;
         let owner: String = row.try_get(1)?;
         if kind == "h" {
             let token: i64 = row.try_get(3)?;
             let count: i32 = row.try_get(4)?;
-            state.holder = Some(HolderState {
+            state.holder = Some(HolderState::new(
                 owner,
-                hold_count: u32::try_from(count).unwrap_or(0),
-                token: u64::try_from(token).unwrap_or(0),
-                lease_remaining: micros(row.try_get(5)?),
-                confirmed: row.try_get(6)?,
-            });
+                u32::try_from(count).unwrap_or(0),
+                u64::try_from(token).unwrap_or(0),
+                micros(row.try_get(5)?),
+                row.try_get(6)?,
+            ));
         } else {
             let attempt: Uuid = row.try_get(2)?;
-            state.waiters.push(WaiterState {
+            state.waiters.push(WaiterState::new(
                 owner,
-                attempt: AttemptId::from_u128(attempt.as_u128()),
-                deadline_in: micros(row.try_get(5)?),
-            });
+                AttemptId::from_u128(attempt.as_u128()),
+                micros(row.try_get(5)?),
+            ));
         }
     }
     Ok(state)
@@ -339,11 +335,11 @@ impl LockBackend for PostgresBackend {
         rows.iter()
             .map(|row| {
                 let waiters: i64 = row.try_get(2)?;
-                Ok(LockSummary {
-                    name: row.try_get(0)?,
-                    holder: row.try_get(1)?,
-                    waiters: usize::try_from(waiters).unwrap_or(0),
-                })
+                Ok(LockSummary::new(
+                    row.try_get::<_, String>(0)?,
+                    row.try_get(1)?,
+                    usize::try_from(waiters).unwrap_or(0),
+                ))
             })
             .collect::<std::result::Result<_, tokio_postgres::Error>>()
             .map_err(|error| error::bad_reply(self.context(None), "list", &error.to_string()))

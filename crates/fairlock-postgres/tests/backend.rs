@@ -198,10 +198,7 @@ async fn a_killed_listening_connection_comes_back() {
     let waiter_backend = server.backend().await;
     let holder_backend = server.backend().await;
     // Heartbeats every 20 s: a waiter woken sooner was woken by a notification.
-    let options = LockOptions {
-        waiter_ttl: Duration::from_secs(60),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default().with_waiter_ttl(Duration::from_secs(60));
     let waiters = LockClient::new(waiter_backend.clone())
         .with_options(options.clone())
         .unwrap();

@@ -153,32 +153,27 @@ impl RedisBackend {
         let holder = if fields[1].is_empty() {
             None
         } else {
-            Some(HolderState {
-                owner: fields[1].clone(),
-                hold_count: u32::try_from(number(&fields[2])?)
-                    .map_err(|_| bad_reply(script.name, &reply))?,
-                token: number(&fields[3])?,
-                lease_remaining: Duration::from_millis(number(&fields[4])?),
-                confirmed: fields[5] == "1",
-            })
+            Some(HolderState::new(
+                fields[1].clone(),
+                u32::try_from(number(&fields[2])?).map_err(|_| bad_reply(script.name, &reply))?,
+                number(&fields[3])?,
+                Duration::from_millis(number(&fields[4])?),
+                fields[5] == "1",
+            ))
         };
         let waiters = fields[6..]
             .chunks(3)
             .map(|waiter| {
-                Ok(WaiterState {
-                    owner: waiter[0].clone(),
-                    attempt: waiter[1]
+                Ok(WaiterState::new(
+                    waiter[0].clone(),
+                    waiter[1]
                         .parse()
                         .map_err(|_| bad_reply(script.name, &reply))?,
-                    deadline_in: Duration::from_millis(number(&waiter[2])?),
-                })
+                    Duration::from_millis(number(&waiter[2])?),
+                ))
             })
             .collect::<Result<Vec<_>>>()?;
-        let state = LockState {
-            name: fields[0].clone(),
-            holder,
-            waiters,
-        };
+        let state = LockState::new(fields[0].clone(), holder, waiters);
         Ok((fields[0].clone(), state))
     }
 
@@ -400,11 +395,11 @@ impl LockBackend for RedisBackend {
             if state.holder.is_none() && state.waiters.is_empty() {
                 continue;
             }
-            summaries.push(LockSummary {
+            summaries.push(LockSummary::new(
                 name,
-                holder: state.holder.map(|holder| holder.owner),
-                waiters: state.waiters.len(),
-            });
+                state.holder.map(|holder| holder.owner),
+                state.waiters.len(),
+            ));
         }
         Ok(summaries)
     }

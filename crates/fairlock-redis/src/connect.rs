@@ -387,6 +387,8 @@ pub(crate) fn from_clients(
     prefix: String,
 ) -> Result<RedisBackend> {
     check_prefix(&prefix)?;
+    // The backend spawns its dispatcher: without a runtime that would panic.
+    tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
     let endpoint = endpoint_of(&pool.client_config());
     Ok(RedisBackend::assemble(
         pool,
@@ -434,6 +436,15 @@ mod tests {
             assert!(matches!(err, Error::InvalidArgument { .. }), "{url}: {err}");
             assert!(!err.to_string().contains(":pw@"), "{err}");
         }
+    }
+
+    #[test]
+    fn clients_given_outside_a_runtime_are_refused_not_a_panic() {
+        let builder = Builder::from_config(Config::from_url("redis://127.0.0.1:1").unwrap());
+        let pool = builder.build_pool(1).unwrap();
+        let subscriber = builder.build_subscriber_client().unwrap();
+        let err = from_clients(pool, subscriber, "p:".into()).unwrap_err();
+        assert!(matches!(err, Error::NoRuntime), "{err}");
     }
 
     #[test]

@@ -114,8 +114,12 @@ impl RedisBackend {
     /// Give the clients a [`ReconnectPolicy`](fred::types::config::ReconnectPolicy), or a
     /// lost connection stays lost.
     ///
+    /// Call it inside a Tokio runtime: the backend starts its wake-up dispatcher and server
+    /// detection as tasks on the current one, which must outlive the backend.
+    ///
     /// # Errors
-    /// [`fairlock::Error::InvalidArgument`] if `prefix` contains `{` or `}`.
+    /// [`fairlock::Error::InvalidArgument`] if `prefix` contains `{` or `}`;
+    /// [`fairlock::Error::NoRuntime`] when called outside a Tokio runtime.
     pub fn from_clients(
         pool: Pool,
         subscriber: SubscriberClient,

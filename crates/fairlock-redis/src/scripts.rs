@@ -26,6 +26,8 @@ pub(crate) struct Script {
     sha: String,
 }
 
+// `lua` in this crate is a link to the workspace's `lua/`, so that `cargo package` copies the
+// scripts into the published crate; a path leaving the crate would not build from crates.io.
 macro_rules! script {
     ($publish:literal, $name:literal) => {
         Script::new(
@@ -34,9 +36,9 @@ macro_rules! script {
                 "local PUBLISH = '",
                 $publish,
                 "'\n",
-                include_str!("../../../lua/prelude.lua"),
+                include_str!("../lua/prelude.lua"),
                 "\n",
-                include_str!(concat!("../../../lua/", $name, ".lua"))
+                include_str!(concat!("../lua/", $name, ".lua"))
             ),
         )
     };
@@ -53,9 +55,9 @@ macro_rules! mutating_script {
                 "local PUBLISH = '",
                 $publish,
                 "'\n",
-                include_str!("../../../lua/prelude.lua"),
+                include_str!("../lua/prelude.lua"),
                 "\nlocal function operation()\n",
-                include_str!(concat!("../../../lua/", $name, ".lua")),
+                include_str!(concat!("../lua/", $name, ".lua")),
                 "\nend\nreturn finish(operation())\n"
             ),
         )

@@ -144,11 +144,9 @@ async fn a_busy_lock_survives_the_migration_of_its_slot() {
         .unwrap();
     let from = cluster.node_for_slot(slot).unwrap();
     let to = (from + 1) % 3;
-    let options = LockOptions {
-        watchdog_lease: Duration::from_secs(3),
-        waiter_ttl: Duration::from_secs(30),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default()
+        .with_watchdog_lease(Duration::from_secs(3))
+        .with_waiter_ttl(Duration::from_secs(30));
     let mut backends = Vec::new();
     for _process in 0..2 {
         backends.push(RedisBackend::connect(&cluster.url()).await.unwrap());

@@ -47,11 +47,9 @@ async fn shard_failover(acks: Option<(u32, Duration)>) -> usize {
     let master = cluster.node_for_slot(slot).unwrap();
     // The lease outlasts the failover (a lease that ran out while the shard was away would
     // rightly be reported lost).
-    let options = LockOptions {
-        watchdog_lease: Duration::from_secs(10),
-        waiter_ttl: Duration::from_secs(30),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default()
+        .with_watchdog_lease(Duration::from_secs(10))
+        .with_waiter_ttl(Duration::from_secs(30));
     let mut backends = Vec::new();
     for _process in 0..2 {
         let mut builder = RedisBackend::builder(cluster.url());

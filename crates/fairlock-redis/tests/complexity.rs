@@ -269,10 +269,7 @@ async fn live_waiters_behind_dead_ones_are_served_in_order_at_once() {
     let server = Server::start();
     let backend = std::sync::Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
     let lock = name();
-    let options = LockOptions {
-        waiter_ttl: Duration::from_secs(60),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default().with_waiter_ttl(Duration::from_secs(60));
     let client = LockClient::from_arc(backend.clone())
         .with_options(options)
         .unwrap();

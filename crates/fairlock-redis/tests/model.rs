@@ -19,13 +19,10 @@ const REGRESSIONS: &[u64] = &[];
 async fn redis_agrees_with_the_model() {
     let server = Server::start();
     let backend = Arc::new(server.backend().await);
-    let config = ModelConfig {
-        clock: ModelClock::Real {
-            unit: Duration::from_millis(200),
-        },
-        steps: 150,
-        owners: 3,
+    let clock = ModelClock::Real {
+        unit: Duration::from_millis(200),
     };
+    let config = ModelConfig::new(clock, 150, 3);
     let fixed: Vec<u64> = (0..8).chain(REGRESSIONS.iter().copied()).collect();
     check_against_model(backend, config, &seeds_from_env(&fixed)).await;
 }

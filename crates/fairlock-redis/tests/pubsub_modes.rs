@@ -61,11 +61,9 @@ async fn redis_6_2_keeps_the_fairlock_contract() {
 /// Options under which only a wake-up can hand the lock over quickly: a waiter heartbeats
 /// every 20 s, and the holder's lease (when the head waiter would look again) is 30 s.
 fn slow_polling() -> LockOptions {
-    LockOptions {
-        waiter_ttl: Duration::from_secs(60),
-        lease: Some(Duration::from_secs(30)),
-        ..LockOptions::default()
-    }
+    LockOptions::default()
+        .with_waiter_ttl(Duration::from_secs(60))
+        .with_lease(Duration::from_secs(30))
 }
 
 /// A holder on one backend and a waiter on another (as two processes): the waiter must get

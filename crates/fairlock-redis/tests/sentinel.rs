@@ -27,10 +27,7 @@ async fn locks_work_through_sentinel() {
     let waiter_lock = client
         .fair_lock(lock.name().as_str())
         .unwrap()
-        .with_options(LockOptions {
-            waiter_ttl: Duration::from_secs(30),
-            ..LockOptions::default()
-        })
+        .with_options(LockOptions::default().with_waiter_ttl(Duration::from_secs(30)))
         .unwrap();
     let waiter = tokio::spawn(async move { waiter_lock.lock().await.map(|g| g.fencing_token()) });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -76,11 +73,9 @@ async fn failover(acks: Option<(u32, Duration)>) -> usize {
     let mut setup = sentinels();
     // The lease outlasts the failover (a holder's lease that ran out while the store was away
     // would rightly be reported lost).
-    let options = LockOptions {
-        watchdog_lease: Duration::from_secs(10),
-        waiter_ttl: Duration::from_secs(30),
-        ..LockOptions::default()
-    };
+    let options = LockOptions::default()
+        .with_watchdog_lease(Duration::from_secs(10))
+        .with_waiter_ttl(Duration::from_secs(30));
     let mut backends = Vec::new();
     for _process in 0..2 {
         let mut builder = RedisBackend::builder(setup.url());

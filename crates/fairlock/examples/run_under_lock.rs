@@ -56,12 +56,9 @@ async fn main() -> fairlock::Result<()> {
 
     // A job whose lock an operator frees halfway: the watchdog's next renewal (every third of
     // the lease; 300 ms here) finds it gone, and `run` drops the job there.
-    let lock = client
-        .fair_lock("ledger")?
-        .with_options(fairlock::LockOptions {
-            watchdog_lease: Duration::from_millis(900),
-            ..fairlock::LockOptions::default()
-        })?;
+    let lock = client.fair_lock("ledger")?.with_options(
+        fairlock::LockOptions::default().with_watchdog_lease(Duration::from_millis(900)),
+    )?;
     let operator = client.clone();
     let ledger_in_job = ledger.clone();
     let started = Instant::now();

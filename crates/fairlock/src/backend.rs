@@ -122,7 +122,6 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::error::Result;
@@ -404,7 +403,8 @@ impl std::str::FromStr for AttemptId {
     }
 }
 
-impl Serialize for AttemptId {
+#[cfg(feature = "serde")]
+impl serde::Serialize for AttemptId {
     fn serialize<S: serde::Serializer>(
         &self,
         serializer: S,
@@ -450,7 +450,8 @@ pub enum AcquireOutcome {
 }
 
 /// A successful acquisition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Grant {
     /// The fencing token of this hold: strictly greater than any earlier hold's.
     pub token: u64,
@@ -472,7 +473,23 @@ pub enum ReleaseOutcome {
 }
 
 /// A snapshot of one lock, from [`LockBackend::inspect`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+///
+/// This and the other snapshot types ([`HolderState`], [`WaiterState`], [`LockSummary`]) may
+/// gain fields in minor releases: outside this crate, build them with their `new`
+/// constructor, which will give a new field a neutral value, so a backend keeps compiling.
+///
+/// ```
+/// use std::time::Duration;
+/// use fairlock::backend::{AttemptId, HolderState, LockState, WaiterState};
+///
+/// let holder = HolderState::new("owner-a", 1, 42, Duration::from_secs(30), true);
+/// let waiter = WaiterState::new("owner-b", AttemptId::from_u128(7), Duration::from_secs(5));
+/// let state = LockState::new("billing", Some(holder), vec![waiter]);
+/// assert_eq!(state.holder.unwrap().token, 42);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LockState {
     /// The lock's name.
     pub name: String,
@@ -483,7 +500,9 @@ pub struct LockState {
 }
 
 /// The holder of a lock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct HolderState {
     /// The holder's owner id.
     pub owner: String,
@@ -492,26 +511,30 @@ pub struct HolderState {
     /// Its fencing token.
     pub token: u64,
     /// Time left on the lease, by the store's clock.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub lease_remaining: Duration,
     /// `false` while this is a pending grant the waiter has not confirmed yet.
     pub confirmed: bool,
 }
 
 /// One live waiter of a lock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct WaiterState {
     /// The waiter's owner id.
     pub owner: String,
     /// The attempt this queue entry belongs to.
     pub attempt: AttemptId,
     /// Time left until its liveness deadline, by the store's clock.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub deadline_in: Duration,
 }
 
 /// One line of [`LockBackend::list`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LockSummary {
     /// The lock's name.
     pub name: String,
@@ -519,6 +542,67 @@ pub struct LockSummary {
     pub holder: Option<String>,
     /// The number of live waiters.
     pub waiters: usize,
+}
+
+impl LockState {
+    /// The snapshot of lock `name`: its holder, if any, and its live waiters, first in line
+    /// first.
+    pub fn new(
+        name: impl Into<String>,
+        holder: Option<HolderState>,
+        waiters: Vec<WaiterState>,
+    ) -> Self {
+        LockState {
+            name: name.into(),
+            holder,
+            waiters,
+        }
+    }
+}
+
+impl HolderState {
+    /// A holder: its owner id, hold count (the pending level included), fencing token, time
+    /// left on its lease by the store's clock, and whether its grant is confirmed (`false`
+    /// for a hand-over not yet confirmed).
+    pub fn new(
+        owner: impl Into<String>,
+        hold_count: u32,
+        token: u64,
+        lease_remaining: Duration,
+        confirmed: bool,
+    ) -> Self {
+        HolderState {
+            owner: owner.into(),
+            hold_count,
+            token,
+            lease_remaining,
+            confirmed,
+        }
+    }
+}
+
+impl WaiterState {
+    /// A live waiter: its owner id, the attempt its queue entry belongs to, and the time left
+    /// until its liveness deadline by the store's clock.
+    pub fn new(owner: impl Into<String>, attempt: AttemptId, deadline_in: Duration) -> Self {
+        WaiterState {
+            owner: owner.into(),
+            attempt,
+            deadline_in,
+        }
+    }
+}
+
+impl LockSummary {
+    /// One lock of a listing: its name, its holder's owner id if held, and its number of live
+    /// waiters.
+    pub fn new(name: impl Into<String>, holder: Option<String>, waiters: usize) -> Self {
+        LockSummary {
+            name: name.into(),
+            holder,
+            waiters,
+        }
+    }
 }
 
 /// A wake-up for one waiter.

@@ -9,14 +9,19 @@
 //! - [`FairLock::run`] runs a future under the lock, drops it if the lease is lost, and
 //!   releases in every case; the future gets a [`Lease`] with the fencing token.
 //! - [`LockBackend`] is the contract a store keeps; [`MemoryBackend`] keeps it in process, the
-//!   `fairlock-redis` crate on Redis, and the `conformance` suite (feature `conformance`)
-//!   checks any implementation.
+//!   `fairlock-redis` crate on Redis, `fairlock-postgres` on PostgreSQL, and the
+//!   `conformance` suite (feature `conformance`) checks any implementation.
 //!
 //! Everything runs on Tokio: calls must be made inside a Tokio runtime with timers enabled.
 //!
-//! Feature `metrics` (off by default) records counters, histograms and gauges through the
-//! `metrics` facade; tracing spans and events are always there. `docs/observability.md` in the
-//! repository lists them all.
+//! # Features
+//!
+//! - `serde` (on by default): `Serialize` and `Deserialize` for [`LockOptions`], durations
+//!   written as `"30s"`; `Serialize` for the snapshots [`LockState`] and [`LockSummary`].
+//! - `metrics` (off): counters, histograms and gauges through the `metrics` facade; tracing
+//!   spans and events are always there. `docs/observability.md` in the repository lists them
+//!   all.
+//! - `conformance` (off): the `conformance` module, the suite that checks a backend.
 //!
 //! ```
 //! use fairlock::{LockClient, MemoryBackend};

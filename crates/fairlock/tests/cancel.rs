@@ -9,12 +9,11 @@ use tokio::time::{sleep, timeout, Instant};
 
 fn client(memory: &MemoryBackend) -> LockClient {
     LockClient::new(memory.clone())
-        .with_options(LockOptions {
-            lease: None,
-            watchdog_lease: Duration::from_secs(2),
-            waiter_ttl: Duration::from_secs(1),
-            outage_budget: std::time::Duration::from_secs(30),
-        })
+        .with_options(
+            LockOptions::default()
+                .with_watchdog_lease(Duration::from_secs(2))
+                .with_waiter_ttl(Duration::from_secs(1)),
+        )
         .unwrap()
 }
 

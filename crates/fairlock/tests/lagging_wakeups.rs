@@ -103,13 +103,12 @@ async fn a_late_grant_wake_up_is_not_taken_for_a_new_grant() {
         watches: Arc::default(),
     };
     let client = LockClient::new(backend)
-        .with_options(LockOptions {
-            lease: None,
-            watchdog_lease: Duration::from_secs(5),
-            // Heartbeats every 100 ms: they find hand-overs long before the late wake-ups.
-            waiter_ttl: Duration::from_millis(300),
-            outage_budget: std::time::Duration::from_secs(30),
-        })
+        .with_options(
+            LockOptions::default()
+                .with_watchdog_lease(Duration::from_secs(5))
+                // Heartbeats every 100 ms: they find hand-overs long before the late wake-ups.
+                .with_waiter_ttl(Duration::from_millis(300)),
+        )
         .unwrap();
     let name = "late";
     let held = client.fair_lock(name).unwrap().lock().await.unwrap();

@@ -77,11 +77,9 @@ impl Figures {
 }
 
 fn options() -> LockOptions {
-    LockOptions {
-        watchdog_lease: Duration::from_secs(3),
-        waiter_ttl: Duration::from_secs(1),
-        ..LockOptions::default()
-    }
+    LockOptions::default()
+        .with_watchdog_lease(Duration::from_secs(3))
+        .with_waiter_ttl(Duration::from_secs(1))
 }
 
 /// Lets spawned tasks run until `ready` holds, without time passing.

@@ -13,13 +13,10 @@ use fairlock::MemoryBackend;
 const REGRESSIONS: &[u64] = &[2_957_970_756];
 
 fn config() -> ModelConfig {
-    ModelConfig {
-        clock: ModelClock::Paused {
-            unit: Duration::from_secs(1),
-        },
-        steps: 300,
-        owners: 3,
-    }
+    let clock = ModelClock::Paused {
+        unit: Duration::from_secs(1),
+    };
+    ModelConfig::new(clock, 300, 3)
 }
 
 #[tokio::test(start_paused = true)]

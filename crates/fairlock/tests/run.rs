@@ -12,11 +12,11 @@ use tokio::time::{sleep, timeout, Instant};
 
 fn client(memory: &MemoryBackend) -> LockClient {
     LockClient::new(memory.clone())
-        .with_options(LockOptions {
-            watchdog_lease: Duration::from_secs(3),
-            waiter_ttl: Duration::from_secs(1),
-            ..LockOptions::default()
-        })
+        .with_options(
+            LockOptions::default()
+                .with_watchdog_lease(Duration::from_secs(3))
+                .with_waiter_ttl(Duration::from_secs(1)),
+        )
         .unwrap()
 }
 
@@ -372,11 +372,7 @@ async fn is_held_asks_the_store_for_this_very_hold() {
 #[test]
 fn holder_and_waiter_states_are_at_the_crate_root() {
     fn named(_: Option<&fairlock::HolderState>, _: &[fairlock::WaiterState]) {}
-    let state = fairlock::LockState {
-        name: "x".into(),
-        holder: None,
-        waiters: vec![],
-    };
+    let state = fairlock::LockState::new("x", None, vec![]);
     named(state.holder.as_ref(), &state.waiters);
     let attempt: fairlock::AttemptId = "2a".parse().unwrap();
     assert_eq!(attempt.as_u128(), 42);

@@ -127,10 +127,8 @@ async fn run() -> Result<(), String> {
                 .map_err(|e| format!("connect: {e}"))?,
         )
     };
-    let mut options = LockOptions {
-        lease: args.lease,
-        ..LockOptions::default()
-    };
+    let mut options = LockOptions::default();
+    options.lease = args.lease;
     if let Some(watchdog) = args.watchdog {
         options.watchdog_lease = watchdog;
     }

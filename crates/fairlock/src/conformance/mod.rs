@@ -143,6 +143,7 @@ pub const INSTANCES: usize = 3;
 
 /// The outcome of [`run_checks`]: each check's name, and why it failed if it did.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Report {
     /// Checks that passed.
     pub passed: Vec<&'static str>,

@@ -55,8 +55,10 @@ impl ModelClock {
     }
 }
 
-/// What a schedule looks like.
+/// What a schedule looks like. Built with [`ModelConfig::new`], so that settings added later
+/// (with defaults) do not break backends' tests.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct ModelConfig {
     /// The clock.
     pub clock: ModelClock,
@@ -64,6 +66,17 @@ pub struct ModelConfig {
     pub steps: usize,
     /// Owners contending.
     pub owners: usize,
+}
+
+impl ModelConfig {
+    /// Schedules of `steps` steps, by `owners` owners contending, on `clock`.
+    pub fn new(clock: ModelClock, steps: usize, owners: usize) -> Self {
+        ModelConfig {
+            clock,
+            steps,
+            owners,
+        }
+    }
 }
 
 /// The seeds to run: `FAIRLOCK_MODEL_SEED=s` runs seed `s` alone,
