@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::contenders::{gaps_from, longest_stall, overlaps_across_failover, Contenders, Held};
+use common::contenders::{check_failover, Contenders, Failover};
 use fairlock::LockOptions;
 use fairlock_redis::RedisBackend;
 use fairlock_testsupport::RedisCluster;
@@ -86,47 +86,16 @@ async fn shard_failover(acks: Option<(u32, Duration)>) -> usize {
     let holds = contenders.finish().await;
     drop(cluster);
 
-    let overlaps = overlaps_across_failover(&holds, killed_at);
-    let lost = holds.iter().filter(|held| held.lost.is_some()).count();
-    if acks.is_some() {
-        let lost: Vec<(Duration, Held)> = holds
-            .iter()
-            .filter(|held| held.lost.is_some())
-            .map(|held| (held.acquired.saturating_duration_since(killed_at), *held))
-            .collect();
-        assert!(
-            lost.is_empty(),
-            "acknowledged holds were lost (time after the kill, hold): {lost:?}"
-        );
-    }
-    let stall = longest_stall(&holds);
-    let after = gaps_from(&holds, resumed + Duration::from_secs(2));
-    let slowest_after = after.iter().max().copied().unwrap_or_default();
-    println!(
-        "master {master} killed; node {promoted_node} promoted after {promoted:?}, replica \
-         back after {:?}; longest stall {stall:?}; {} holds, {overlaps} overlapping, {lost} lost; {} \
-         hand-overs from 2 s after that, slowest {slowest_after:?}",
-        resumed - killed_at,
-        holds.len(),
-        after.len()
-    );
-    // The kill must have hit the lock: otherwise this run proved nothing.
-    assert!(
-        stall >= Duration::from_secs(1),
-        "the lock never stalled: was its primary killed?"
-    );
-    assert!(
-        stall < options.outage_budget,
-        "the stall outlasted the outage budget"
-    );
-    assert!(
-        after.len() >= 20,
-        "too few hand-overs after the failover: {}",
-        after.len()
-    );
-    assert!(
-        slowest_after < Duration::from_millis(500),
-        "hand-overs after the failover are not wake-ups: {slowest_after:?}"
-    );
-    overlaps
+    let run = Failover {
+        killed_at,
+        promoted,
+        resumed,
+        acknowledged: acks.is_some(),
+        outage_budget: options.outage_budget,
+    };
+    check_failover(
+        &holds,
+        &run,
+        &format!("master {master} killed, node {promoted_node} promoted"),
+    )
 }

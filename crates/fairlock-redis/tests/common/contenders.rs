@@ -132,19 +132,26 @@ pub fn longest_stall(holds: &[Held]) -> Duration {
         .unwrap_or_default()
 }
 
-/// Checks the holds of a run in which the store failed over at `failed_at`: fencing tokens
-/// strictly increase in the order of acquisition, and any two holds that overlap, or a lease
-/// found lost, began before the failover (a grant the old primary had not replicated is lost
-/// with it, so its holder learns that its lease is lost and the next holder may overlap it;
-/// nothing granted after the failover may). Returns how many pairs overlapped.
-pub fn overlaps_across_failover(holds: &[Held], failed_at: Instant) -> usize {
-    for held in holds {
-        assert!(
-            held.lost.is_none() || held.acquired < failed_at,
-            "a hold granted {:?} after the failover lost its lease: {held:?}",
-            held.acquired - failed_at
-        );
-    }
+/// What a failover test saw of the store: when the (lock's) primary was killed, how long the
+/// promotion took, and when the replicas acknowledgement needs were back.
+pub struct Failover {
+    pub killed_at: Instant,
+    pub promoted: Duration,
+    pub resumed: Instant,
+    /// Whether grants were acknowledged by replicas: then no hold may be lost.
+    pub acknowledged: bool,
+    pub outage_budget: Duration,
+}
+
+/// Checks the holds of a run in which the store failed over, prints what it saw after
+/// `label`, and returns how many pairs of holds overlapped:
+/// - fencing tokens strictly increase in the order of acquisition;
+/// - a hold may overlap the next one, or be lost, only if it was granted before the kill (a
+///   grant the old primary had not replicated is lost with it), and with acknowledgement none
+///   may be lost at all;
+/// - the kill did stall the lock (else the run proved nothing), for less than the outage
+///   budget, and from 2 s after the store was whole again hand-overs are wake-ups.
+pub fn check_failover(holds: &[Held], run: &Failover, label: &str) -> usize {
     let mut overlaps = 0;
     for pair in holds.windows(2) {
         assert!(
@@ -154,10 +161,60 @@ pub fn overlaps_across_failover(holds: &[Held], failed_at: Instant) -> usize {
         if pair[1].acquired < pair[0].released {
             overlaps += 1;
             assert!(
-                pair[0].acquired < failed_at,
+                pair[0].acquired < run.killed_at,
                 "holds that both began after the failover overlap: {pair:?}"
             );
         }
     }
+    let lost: Vec<(Duration, Held)> = holds
+        .iter()
+        .filter(|held| held.lost.is_some())
+        .map(|held| {
+            (
+                held.acquired.saturating_duration_since(run.killed_at),
+                *held,
+            )
+        })
+        .collect();
+    for (_, held) in &lost {
+        assert!(
+            held.acquired < run.killed_at,
+            "a hold granted after the failover was lost: {held:?}"
+        );
+    }
+    assert!(
+        !run.acknowledged || lost.is_empty(),
+        "acknowledged holds were lost (time after the kill, hold): {lost:?}"
+    );
+    let stall = longest_stall(holds);
+    let after = gaps_from(holds, run.resumed + Duration::from_secs(2));
+    let slowest_after = after.iter().max().copied().unwrap_or_default();
+    println!(
+        "{label}: promoted after {:?}, store whole again after {:?}; longest stall {stall:?}; \
+         {} holds, {overlaps} overlapping, {} lost; {} hand-overs from 2 s after that, slowest \
+         {slowest_after:?}",
+        run.promoted,
+        run.resumed - run.killed_at,
+        holds.len(),
+        lost.len(),
+        after.len()
+    );
+    assert!(
+        stall >= Duration::from_secs(1),
+        "the lock never stalled: was its primary killed?"
+    );
+    assert!(
+        stall < run.outage_budget,
+        "the stall outlasted the outage budget"
+    );
+    assert!(
+        after.len() >= 20,
+        "too few hand-overs after the failover: {}",
+        after.len()
+    );
+    assert!(
+        slowest_after < Duration::from_millis(500),
+        "hand-overs after the failover are not wake-ups: {slowest_after:?}"
+    );
     overlaps
 }
