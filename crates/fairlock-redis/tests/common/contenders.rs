@@ -146,9 +146,9 @@ pub struct Failover {
 /// Checks the holds of a run in which the store failed over, prints what it saw after
 /// `label`, and returns how many pairs of holds overlapped:
 /// - fencing tokens strictly increase in the order of acquisition;
-/// - a hold may overlap the next one, or be lost, only if it was granted before the kill (a
-///   grant the old primary had not replicated is lost with it), and with acknowledgement none
-///   may be lost at all;
+/// - a hold may overlap the next one, or be lost, only if it was granted before the promotion
+///   (by the old primary, whose unreplicated grants die with it; its last replies can reach
+///   a contender after the kill), and with acknowledgement none may be lost at all;
 /// - the kill did stall the lock (else the run proved nothing), for less than the outage
 ///   budget, and from 2 s after the store was whole again hand-overs are wake-ups.
 pub fn check_failover(holds: &[Held], run: &Failover, label: &str) -> usize {
