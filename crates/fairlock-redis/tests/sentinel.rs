@@ -111,6 +111,23 @@ async fn failover(acks: Option<(u32, Duration)>) -> usize {
     .unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let holds = contenders.finish().await;
+    // What the sentinels did, for a failure's diagnosis: a loaded machine can make them fail
+    // over more than once.
+    for sentinel in setup.sentinels() {
+        for line in sentinel.log().lines().filter(|line| {
+            [
+                "+sdown master",
+                "+odown",
+                "+try-failover",
+                "+switch-master",
+                "-failover-abort",
+            ]
+            .iter()
+            .any(|event| line.contains(event))
+        }) {
+            eprintln!("sentinel {}: {line}", sentinel.port());
+        }
+    }
     drop(setup);
 
     let run = Failover {
