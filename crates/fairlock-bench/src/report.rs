@@ -72,9 +72,10 @@ pub(crate) struct Section {
     pub(crate) notes: Vec<String>,
 }
 
-/// The sections in the order the report shows and numbers them (the figures 1-7),
+/// The sections in the order the report shows and numbers them (the issues' figures 1-7, then
+/// script cost and hand-over between processes),
 /// whatever order they were measured in.
-const REPORT_ORDER: [&str; 7] = [
+const REPORT_ORDER: [&str; 9] = [
     "limit",
     "uncontended",
     "handoff",
@@ -82,6 +83,8 @@ const REPORT_ORDER: [&str; 7] = [
     "queue",
     "many-locks",
     "resources",
+    "scripts",
+    "processes",
 ];
 
 /// A section's number in the report (1-based).
