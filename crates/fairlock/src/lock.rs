@@ -390,7 +390,8 @@ impl FairLock {
     /// # Cancel safety
     /// Dropping the future at any point leaves the lock released (or never taken): while
     /// waiting, as for [`lock`](Self::lock); while the work runs, the work is dropped and the
-    /// lock released in the background; while releasing, the release goes on in its own task.
+    /// lock released in the background; while releasing, the release is sent again from a
+    /// background task.
     pub async fn run<F, Fut, T>(&self, work: F) -> Result<T>
     where
         F: FnOnce(Lease) -> Fut,
