@@ -57,6 +57,7 @@ async fn measure(
     let deadline_ns = start_ns + duration.as_nanos();
     let name = bench.lock_name(&format!("processes-{workers}"));
     let exe = std::env::current_exe()?;
+    let scripts_before = bench.command_calls("evalsha").await?;
     let mut children = Vec::with_capacity(workers);
     for id in 0..workers {
         let child = Command::new(&exe)
@@ -112,6 +113,8 @@ async fn measure(
         failed += failures;
     }
     holds.sort_by_key(|line| line.t_acq);
+    // Includes each worker's warm-up (two calls) and the calls of its last, cut-off wait.
+    let scripts = bench.command_calls("evalsha").await? - scripts_before;
 
     let mut gaps = Samples::with_capacity(holds.len());
     let mut overlaps = 0;
@@ -179,6 +182,11 @@ async fn measure(
         )
         .target("0", overlaps == 0),
     );
+    section.push(Figure::new(
+        format!("{workers} processes: script calls per acquisition"),
+        scripts as f64 / holds.len().max(1) as f64,
+        "",
+    ));
     section.push(
         Figure::new(
             format!("{workers} processes: failed acquisitions"),
