@@ -537,6 +537,10 @@ impl Level {
 /// that the attempt is spent, and this guard's lease is flagged lost: it has no level, whatever
 /// its sibling guards of the same hold have. Transient errors are retried until `deadline`,
 /// when the pending level may lapse and the guard is flagged lost the same way.
+///
+/// It starts after [`confirm_delay`]: a guard released before then needs no confirmation (the
+/// release removes the pending level as it would a confirmed one, and this task is aborted),
+/// so a short critical section after a hand-over costs no extra call to the store.
 async fn confirm_hand_over(
     shared: Arc<LockShared>,
     hold: Arc<Hold>,
@@ -554,6 +558,10 @@ async fn confirm_hand_over(
         waiter_ttl: shared.options.waiter_ttl,
         queue: false,
     };
+    // Never more than a quarter of what is left of the pending level's trusted life: a
+    // wake-up that came late leaves the confirmation (and its retries) less time.
+    let left = deadline.saturating_duration_since(Instant::now());
+    sleep(confirm_delay(shared.options.waiter_ttl).min(left / 4)).await;
     // A confirmation that is retried may have been applied by the first try (which is not
     // applied again): the lease it set counts from that first try.
     let first_sent = Instant::now();
@@ -587,6 +595,13 @@ async fn confirm_hand_over(
             }
         }
     }
+}
+
+/// How long a guard made from a hand-over waits before confirming it (see
+/// [`confirm_hand_over`]): a tenth of the waiter TTL (the pending level's life), at most
+/// 100 ms, so nearly all of the level's life is left for the confirmation and its retries.
+fn confirm_delay(waiter_ttl: Duration) -> Duration {
+    (waiter_ttl / 10).min(Duration::from_millis(100))
 }
 
 /// What is left of a lease by the local clock: the hold's deadline, or the pending level's if
