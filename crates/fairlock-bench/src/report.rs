@@ -72,10 +72,9 @@ pub(crate) struct Section {
     pub(crate) notes: Vec<String>,
 }
 
-/// The sections in the order the report shows and numbers them (the issues' figures 1-7, then
-/// script cost and hand-over between processes),
-/// whatever order they were measured in.
-const REPORT_ORDER: [&str; 9] = [
+/// The sections in the order the report shows and numbers them (each file's doc comment
+/// says its number), whatever order they were measured in.
+const REPORT_ORDER: [&str; 11] = [
     "limit",
     "uncontended",
     "handoff",
@@ -83,6 +82,8 @@ const REPORT_ORDER: [&str; 9] = [
     "queue",
     "many-locks",
     "resources",
+    "churn",
+    "replication",
     "scripts",
     "processes",
 ];

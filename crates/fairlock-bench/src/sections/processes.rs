@@ -1,4 +1,4 @@
-//! Section 9, hand-over between processes: N separate OS processes each run this binary's
+//! Section 11, hand-over between processes: N separate OS processes each run this binary's
 //! protocol worker (`fairlock-bench worker`, see `bench-protocol.md`) on one lock, as the
 //! external harness runs them, looping acquire, hold 1 ms, release until a common deadline.
 //! Reports the gap between one worker's release and the next worker's acquisition, the

@@ -1,4 +1,4 @@
-//! Section 8, script cost: the server time of one lock script call, per path through the
+//! Section 10, script cost: the server time of one lock script call, per path through the
 //! scripts (uncontended acquire, release, join, heartbeat, release with hand-over, the
 //! grantee's confirmation, leaving the queue).
 //!
