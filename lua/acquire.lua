@@ -93,7 +93,7 @@ if not hold and not head_unknown and (not head_ticket or head_attempt == attempt
   end
   local token = next_token(fence.token)
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 1, 'l:' .. attempt, '1')
-  redis.call('PEXPIRE', H, int(lease))
+  set_lease(lease)
   if fence.name == name then
     redis.call('HSET', F, 't', token)
   else

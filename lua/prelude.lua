@@ -205,11 +205,20 @@ local function settle(hold, write)
   return hold
 end
 
+-- What this call set H's time to live to (ms), when it set it: keep_fence then need not ask.
+local hold_ttl_set = nil
+
+-- Sets H's lease to `lease_ms` from now and remembers it.
+local function set_lease(lease_ms)
+  redis.call('PEXPIRE', H, int(lease_ms))
+  hold_ttl_set = lease_ms
+end
+
 -- Sets the lease to the later of its current end and `lease_ms` from now: never shorter,
 -- since another level may rely on it. (PTTL and max: PEXPIRE GT needs Redis 7.)
 local function lengthen(lease_ms)
   local left = redis.call('PTTL', H)
-  redis.call('PEXPIRE', H, int(math.max(left, lease_ms)))
+  set_lease(math.max(left, lease_ms))
 end
 
 -- Removes the level of `attempt` (pending or confirmed) from `hold`; whether it had one.
@@ -410,11 +419,16 @@ local function live_waiters()
   return redis.call('ZCOUNT', Z, '(' .. int(now_ms), '+inf')
 end
 
+-- The latest waiter deadline (server ms), once this call has read it: keep_fence then need
+-- not read it again.
+local latest_deadline = nil
+
 -- Queue keys disappear by themselves when the last waiter's deadline passes.
 local function expire_queue_keys()
   local last = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
   if last[2] then
-    local at = int(tonumber(last[2]))
+    latest_deadline = tonumber(last[2])
+    local at = int(latest_deadline)
     redis.call('PEXPIREAT', Q, at)
     redis.call('PEXPIREAT', Z, at)
     redis.call('PEXPIREAT', W, at)
@@ -455,6 +469,7 @@ local function hand_over(last_token)
   redis.call('HSET', F, 't', token)
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 0, 'p', attempt, 'pd', until_ms)
   redis.call('PEXPIREAT', H, until_ms)
+  hold_ttl_set = ttl
   spend(attempt)
   publish('G ' .. token .. ' ' .. attempt .. ' ' .. owner)
 end
@@ -466,13 +481,25 @@ end
 -- Only a hash of ours is touched, and nothing here can fail on stored data.
 local function keep_fence()
   local margin = tonumber(ARGV[#ARGV])
-  if not margin or redis.call('TYPE', F).ok ~= 'hash' then
+  if not margin then
     return
   end
-  local live = math.max(redis.call('PTTL', H), 0)
-  local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
-  if type(last) == 'table' and not last.err and last[2] then
-    live = math.max(live, tonumber(last[2]) - now_ms)
+  -- F is of fairlock's type when check_types saw it so (or saw it absent: then this call
+  -- wrote it, or it is still absent and PEXPIRE does nothing); only `extend` does not check.
+  if present[F] == nil and redis.call('TYPE', F).ok ~= 'hash' then
+    return
+  end
+  -- The hold's lease: as this call set it, else as stored (a missing H counts 0).
+  local live = hold_ttl_set or math.max(redis.call('PTTL', H), 0)
+  -- The last waiter's deadline: as this call read it, none if there was no queue when the call
+  -- began (only a join adds one, and a join reads it), else as stored.
+  if latest_deadline then
+    live = math.max(live, latest_deadline - now_ms)
+  elseif present[Z] ~= false then
+    local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
+    if type(last) == 'table' and not last.err and last[2] then
+      live = math.max(live, tonumber(last[2]) - now_ms)
+    end
   end
   redis.call('PEXPIRE', F, int(live + margin))
 end

@@ -72,9 +72,9 @@ pub(crate) struct Section {
     pub(crate) notes: Vec<String>,
 }
 
-/// The sections in the order the report shows and numbers them (the figures 1-7),
-/// whatever order they were measured in.
-const REPORT_ORDER: [&str; 7] = [
+/// The sections in the order the report shows and numbers them (each file's doc comment
+/// says its number), whatever order they were measured in.
+const REPORT_ORDER: [&str; 11] = [
     "limit",
     "uncontended",
     "handoff",
@@ -82,6 +82,10 @@ const REPORT_ORDER: [&str; 7] = [
     "queue",
     "many-locks",
     "resources",
+    "churn",
+    "replication",
+    "scripts",
+    "processes",
 ];
 
 /// A section's number in the report (1-based).

@@ -309,18 +309,19 @@ impl LockGuard {
     /// backend errors, in which case the store frees the lock when its lease ends.
     ///
     /// # Cancel safety
-    /// The release runs in its own task: dropping this future does not stop it.
+    /// The release runs on the caller's task (no task hop on the way to the store). If this
+    /// future is dropped before it completes, the release is sent again from a background
+    /// task on the runtime the lock was acquired on: releasing is harmless to repeat, so the
+    /// lock is released all the same.
     pub async fn unlock(mut self) -> Result<()> {
-        let release = self.start_release();
+        let release = self.end_level();
         // This guard's share of the hold ends now, not when the reply comes.
         drop(self);
-        match release.await {
-            Ok(result) => result,
-            Err(join) => Err(Error::Backend {
-                backend: "fairlock",
-                source: Box::new(join),
-            }),
-        }
+        // Until the release has run to completion, dropping this future re-sends it.
+        let mut unfinished = Unfinished(Some(release.clone()));
+        let result = release.run(false).await;
+        unfinished.0 = None;
+        result
     }
 
     /// Runs `work` while this guard holds, then releases it (see
@@ -360,7 +361,8 @@ impl LockGuard {
         }
     }
 
-    fn start_release(&mut self) -> tokio::task::JoinHandle<Result<()>> {
+    /// Ends this guard's part of the hold locally; what is left is the store's release.
+    fn end_level(&mut self) -> Release {
         self.released = true;
         // What the confirmation finds out no longer matters once the level is released.
         if let Some(confirming) = self.confirming.take() {
@@ -370,11 +372,49 @@ impl LockGuard {
             self.hold.watchdog_left();
         }
         self.shared.meter.guards(-1.0);
-        let shared = self.shared.clone();
-        let token = self.grant.token;
-        let attempt = self.attempt;
-        let level = self.level.clone();
-        let hold = Arc::downgrade(&self.hold);
+        Release {
+            shared: self.shared.clone(),
+            token: self.grant.token,
+            attempt: self.attempt,
+            level: self.level.clone(),
+            hold: Arc::downgrade(&self.hold),
+            runtime: self.runtime.clone(),
+        }
+    }
+}
+
+/// A guard's release in the store, ready to send (or to send again).
+#[derive(Clone, Debug)]
+struct Release {
+    shared: Arc<LockShared>,
+    token: u64,
+    attempt: AttemptId,
+    level: Arc<Level>,
+    hold: Weak<Hold>,
+    runtime: Handle,
+}
+
+impl Release {
+    /// Sends the release in a background task (a dropped guard, or a dropped `unlock`);
+    /// `resent`: an earlier send of it may have been applied.
+    fn spawn(self, resent: bool) {
+        let runtime = self.runtime.clone();
+        drop(runtime.spawn(async move {
+            // The outcome is only traced: a failed release ends with the lease.
+            let _ = self.run(resent).await;
+        }));
+    }
+
+    /// Releases the level in the store, riding out a transient outage.
+    async fn run(self, resent: bool) -> Result<()> {
+        let Release {
+            shared,
+            token,
+            attempt,
+            level,
+            hold,
+            ..
+        } = self;
         let span = info_span!(
             "fairlock.release",
             lock = %shared.name,
@@ -382,66 +422,76 @@ impl LockGuard {
             token,
             %attempt
         );
-        self.runtime.spawn(
-            async move {
-                // Harmless to repeat, so an outage is ridden out within the outage budget, as
-                // `lock()` does (a failover takes seconds): a level left behind would live as
-                // long as a sibling guard renews the hold.
-                let (outcome, retried) = retry_within(shared.options.outage_budget, || {
-                    shared
-                        .backend
-                        .release(&shared.name, &shared.owner, token, attempt)
-                })
-                .await;
-                match outcome {
-                    // A try whose reply was lost may have released the last level: the hold
-                    // being gone then says nothing about the lease.
-                    Ok(ReleaseOutcome::NotHeld) if retried && !level.is_lost() => {
-                        debug!("released (an earlier try's reply was lost)");
-                        Ok(())
+        async move {
+            // Harmless to repeat, so an outage is ridden out within the outage budget, as
+            // `lock()` does (a failover takes seconds): a level left behind would live as
+            // long as a sibling guard renews the hold.
+            let (outcome, retried) = retry_within(shared.options.outage_budget, || {
+                shared
+                    .backend
+                    .release(&shared.name, &shared.owner, token, attempt)
+            })
+            .await;
+            match outcome {
+                // A try whose reply was lost may have released the last level: the hold
+                // being gone then says nothing about the lease.
+                Ok(ReleaseOutcome::NotHeld) if (retried || resent) && !level.is_lost() => {
+                    debug!("released (an earlier try's reply was lost)");
+                    Ok(())
+                }
+                Ok(ReleaseOutcome::Released { .. }) if level.is_lost() => {
+                    debug!("released, but this guard's hand-over had lapsed before");
+                    Err(Error::LeaseLost {
+                        name: shared.name.to_string(),
+                    })
+                }
+                Ok(ReleaseOutcome::Released { remaining }) => {
+                    debug!(remaining, "released");
+                    Ok(())
+                }
+                Ok(ReleaseOutcome::NotHeld) => {
+                    debug!("release found the lease already lost");
+                    // Sibling guards of the hold learn it too (and it is counted once).
+                    if let Some(hold) = hold.upgrade() {
+                        hold.mark_lost(&shared, LostReason::Revoked);
                     }
-                    Ok(ReleaseOutcome::Released { .. }) if level.is_lost() => {
-                        debug!("released, but this guard's hand-over had lapsed before");
-                        Err(Error::LeaseLost {
-                            name: shared.name.to_string(),
-                        })
-                    }
-                    Ok(ReleaseOutcome::Released { remaining }) => {
-                        debug!(remaining, "released");
-                        Ok(())
-                    }
-                    Ok(ReleaseOutcome::NotHeld) => {
-                        debug!("release found the lease already lost");
-                        // Sibling guards of the hold learn it too (and it is counted once).
-                        if let Some(hold) = hold.upgrade() {
-                            hold.mark_lost(&shared, LostReason::Revoked);
-                        }
-                        Err(Error::LeaseLost {
-                            name: shared.name.to_string(),
-                        })
-                    }
-                    Err(err) => {
-                        warn!(
-                            lock = %shared.name,
-                            owner = %shared.owner,
-                            token,
-                            error = %err,
-                            "fairlock release failed; the lock ends with its lease"
-                        );
-                        Err(err)
-                    }
+                    Err(Error::LeaseLost {
+                        name: shared.name.to_string(),
+                    })
+                }
+                Err(err) => {
+                    warn!(
+                        lock = %shared.name,
+                        owner = %shared.owner,
+                        token,
+                        error = %err,
+                        "fairlock release failed; the lock ends with its lease"
+                    );
+                    Err(err)
                 }
             }
-            .instrument(span),
-        )
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// A release that `unlock` started on the caller's task and has not seen through: if the
+/// caller drops it halfway, it is sent again in the background.
+struct Unfinished(Option<Release>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.take() {
+            release.spawn(true);
+        }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released {
-            // The outcome is only traced: a failed release ends with the lease.
-            drop(self.start_release());
+            self.end_level().spawn(false);
         }
     }
 }
@@ -487,6 +537,10 @@ impl Level {
 /// that the attempt is spent, and this guard's lease is flagged lost: it has no level, whatever
 /// its sibling guards of the same hold have. Transient errors are retried until `deadline`,
 /// when the pending level may lapse and the guard is flagged lost the same way.
+///
+/// It starts after [`confirm_delay`]: a guard released before then needs no confirmation (the
+/// release removes the pending level as it would a confirmed one, and this task is aborted),
+/// so a short critical section after a hand-over costs no extra call to the store.
 async fn confirm_hand_over(
     shared: Arc<LockShared>,
     hold: Arc<Hold>,
@@ -504,6 +558,10 @@ async fn confirm_hand_over(
         waiter_ttl: shared.options.waiter_ttl,
         queue: false,
     };
+    // Never more than a quarter of what is left of the pending level's trusted life: a
+    // wake-up that came late leaves the confirmation (and its retries) less time.
+    let left = deadline.saturating_duration_since(Instant::now());
+    sleep(confirm_delay(shared.options.waiter_ttl).min(left / 4)).await;
     // A confirmation that is retried may have been applied by the first try (which is not
     // applied again): the lease it set counts from that first try.
     let first_sent = Instant::now();
@@ -537,6 +595,13 @@ async fn confirm_hand_over(
             }
         }
     }
+}
+
+/// How long a guard made from a hand-over waits before confirming it (see
+/// [`confirm_hand_over`]): a tenth of the waiter TTL (the pending level's life), at most
+/// 100 ms, so nearly all of the level's life is left for the confirmation and its retries.
+fn confirm_delay(waiter_ttl: Duration) -> Duration {
+    (waiter_ttl / 10).min(Duration::from_millis(100))
 }
 
 /// What is left of a lease by the local clock: the hold's deadline, or the pending level's if

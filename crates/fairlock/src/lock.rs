@@ -124,6 +124,7 @@ impl LockClient {
                 options: self.options.clone(),
                 holds: self.holds.clone(),
                 meter,
+                last_wait: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -195,6 +196,8 @@ pub(crate) struct LockShared {
     pub(crate) holds: Arc<Holds>,
     /// The labels of this handle's metrics.
     pub(crate) meter: Meter,
+    /// When a call through this handle last had to wait (see `waiting.rs`).
+    pub(crate) last_wait: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// One owner's handle on one fair lock.
@@ -232,6 +235,7 @@ impl FairLock {
                 options,
                 holds: self.shared.holds.clone(),
                 meter: self.shared.meter.clone(),
+                last_wait: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -390,7 +394,8 @@ impl FairLock {
     /// # Cancel safety
     /// Dropping the future at any point leaves the lock released (or never taken): while
     /// waiting, as for [`lock`](Self::lock); while the work runs, the work is dropped and the
-    /// lock released in the background; while releasing, the release goes on in its own task.
+    /// lock released in the background; while releasing, the release is sent again from a
+    /// background task.
     pub async fn run<F, Fut, T>(&self, work: F) -> Result<T>
     where
         F: FnOnce(Lease) -> Fut,

@@ -7,6 +7,9 @@
 //! (`waiter_ttl / 3`), whichever comes first; each call refreshes the waiter's liveness deadline, so a lost wake-up costs at
 //! most one heartbeat.
 //!
+//! A handle that had to wait less than a second ago skips the call that does not queue: its lock
+//! is likely still contended, and its wake-up registration likely still stands.
+//!
 //! Each call of `lock()` / `try_lock*()` is one attempt with its own [`AttemptId`]: its queue
 //! entry, pending grant and level belong to it, not to the owner, so attempts of one owner
 //! never affect each other.
@@ -154,33 +157,42 @@ async fn acquire_inner(
     let heartbeat = shared.options.waiter_ttl / 3;
     // A caller that waits rides out a store that fails transiently, within its outage budget.
     let mut outage = Outage::new(shared.options.outage_budget, heartbeat);
-    let first = loop {
-        let Some(result) = attempt.call_before(false, deadline).await else {
-            return timed_out(attempt).await;
-        };
-        match result {
-            Err(err) if waits && is_outage(&err) => {
-                attempt.failing = true;
-                let Some(pause) = outage.failed() else {
-                    return Err(err);
-                };
-                debug!(error = %err, ?pause, "the store failed; trying again");
-                if !pause_before(pause, deadline).await {
-                    return timed_out(attempt).await;
+    //
+    // Except when a call through this handle had to wait a moment ago: the lock is then likely
+    // still contended, so the call that does not queue would most likely be refused, and the
+    // wake-up registration most likely still stands (backends keep it a while after its last
+    // waiter). Registering and queueing at once then saves a call per acquisition; a lock that
+    // turned free meanwhile is granted by the queueing call all the same.
+    let skip_try = waits && waited_recently(shared);
+    if !skip_try {
+        let first = loop {
+            let Some(result) = attempt.call_before(false, deadline).await else {
+                return timed_out(attempt).await;
+            };
+            match result {
+                Err(err) if waits && is_outage(&err) => {
+                    attempt.failing = true;
+                    let Some(pause) = outage.failed() else {
+                        return Err(err);
+                    };
+                    debug!(error = %err, ?pause, "the store failed; trying again");
+                    if !pause_before(pause, deadline).await {
+                        return timed_out(attempt).await;
+                    }
                 }
+                other => break other?,
             }
-            other => break other?,
+        };
+        attempt.failing = false;
+        outage.succeeded();
+        if let (AcquireOutcome::Granted(grant), proven) = first {
+            return Ok(attempt.hold(grant, proven + lease, false));
         }
-    };
-    attempt.failing = false;
-    outage.succeeded();
-    if let (AcquireOutcome::Granted(grant), proven) = first {
-        return Ok(attempt.hold(grant, proven + lease, false));
-    }
-    if !waits {
-        return Err(Error::WouldBlock {
-            name: shared.name.to_string(),
-        });
+        if !waits {
+            return Err(Error::WouldBlock {
+                name: shared.name.to_string(),
+            });
+        }
     }
 
     // From here on the caller waits: counted in `fairlock_waiting` until it returns.
@@ -213,6 +225,9 @@ async fn acquire_inner(
     outage.succeeded();
     let mut watch_open = true;
     let mut renewed = 0;
+    // Whether a call of this wait was queued (or refused, without `skip_try`): a grant after
+    // that is a hand-over found by looking again, not a free lock.
+    let mut waited = !skip_try;
     loop {
         let sent = Instant::now();
         let Some(outcome) = attempt.call_before(true, deadline).await else {
@@ -244,8 +259,11 @@ async fn acquire_inner(
         }
         let (retry_after, last_token) = match outcome {
             (AcquireOutcome::Granted(grant), proven) => {
-                if grant.hold_count == 1 {
-                    shared.meter.handover("recheck");
+                if waited {
+                    if grant.hold_count == 1 {
+                        shared.meter.handover("recheck");
+                    }
+                    note_wait(shared);
                 }
                 return Ok(attempt.hold(grant, proven + lease, false));
             }
@@ -275,6 +293,8 @@ async fn acquire_inner(
             }
         };
         renewed = 0;
+        waited = true;
+        note_wait(shared);
         let mut next_check = sent + heartbeat;
         if let Some(retry_after) = retry_after {
             next_check = next_check.min(Instant::now() + retry_after);
@@ -294,6 +314,7 @@ async fn acquire_inner(
                     Some(Wake::Granted { grant, .. }) => {
                         if Instant::now() < handover_safe_until {
                             shared.meter.handover("wakeup");
+                            note_wait(shared);
                             return Ok(attempt.hold(grant, handover_safe_until, true));
                         }
                         // Too old to trust without asking: `acquire` confirms it if still ours.
@@ -309,6 +330,20 @@ async fn acquire_inner(
             }
         }
     }
+}
+
+/// How long after a call through a handle had to wait the next call through it registers and
+/// queues at once, skipping the call that does not queue. Shorter than the Redis backend's
+/// wake-up linger (2 s by default), so the registration usually costs no round trip.
+const RECENT_WAIT: Duration = Duration::from_secs(1);
+
+fn waited_recently(shared: &LockShared) -> bool {
+    let last = *shared.last_wait.lock().unwrap_or_else(|p| p.into_inner());
+    last.is_some_and(|at| at.elapsed() < RECENT_WAIT)
+}
+
+fn note_wait(shared: &LockShared) {
+    *shared.last_wait.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
 }
 
 /// How many times in a row a waiting call may find its attempt spent before the backend is

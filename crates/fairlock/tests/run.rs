@@ -211,7 +211,14 @@ async fn dropping_run_at_any_point_leaves_the_lock_released() {
         });
         let outcome = timeout(ms(cut), run).await;
         match cut {
-            0..=150 => assert!(outcome.is_err(), "cut at {cut} ms: {outcome:?}"),
+            0..=149 => assert!(outcome.is_err(), "cut at {cut} ms: {outcome:?}"),
+            // The work ends as the time runs out: the release runs on the caller's task, and
+            // this store answers at once, so it may finish in the same poll, or be cut.
+            150 => {
+                if let Ok(result) = outcome {
+                    result.unwrap();
+                }
+            }
             _ => outcome.unwrap().unwrap(),
         }
         until_clean(&client, &memory, &name).await;

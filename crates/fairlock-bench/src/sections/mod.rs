@@ -10,9 +10,11 @@ pub(crate) mod fairness;
 pub(crate) mod handoff;
 pub(crate) mod limit;
 pub(crate) mod many_locks;
+pub(crate) mod processes;
 pub(crate) mod queue;
 pub(crate) mod replication;
 pub(crate) mod resources;
+pub(crate) mod scripts;
 mod support;
 pub(crate) mod uncontended;
 
@@ -37,16 +39,22 @@ pub(crate) enum SectionKey {
     Churn,
     /// What waiting for a replica's acknowledgement costs.
     Replication,
+    /// Server time of each path through the lock scripts.
+    Scripts,
+    /// Hand-over between separate worker processes (2 and 8).
+    Processes,
 }
 
 impl SectionKey {
     /// The sections run after the limit, in order. Resources goes first: it measures the
     /// client's memory growth per waiter, which memory freed by the queue section's 10,000
     /// waiters would otherwise hide (the allocator reuses it, so RSS does not grow).
-    pub(crate) const ALL_MEASURED: [SectionKey; 8] = [
+    pub(crate) const ALL_MEASURED: [SectionKey; 10] = [
         SectionKey::Resources,
         SectionKey::Uncontended,
         SectionKey::Handoff,
+        SectionKey::Processes,
+        SectionKey::Scripts,
         SectionKey::Fairness,
         SectionKey::Queue,
         SectionKey::ManyLocks,
@@ -67,5 +75,7 @@ pub(crate) async fn run(key: SectionKey, bench: &Bench) -> Result<Section, BoxEr
         SectionKey::Resources => resources::run(bench).await,
         SectionKey::Churn => churn::run(bench).await,
         SectionKey::Replication => replication::run(bench).await,
+        SectionKey::Scripts => scripts::run(bench).await,
+        SectionKey::Processes => processes::run(bench).await,
     }
 }

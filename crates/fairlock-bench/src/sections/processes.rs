@@ -1,0 +1,216 @@
+//! Section 11, hand-over between processes: N separate OS processes each run this binary's
+//! protocol worker (`fairlock-bench worker`, see `bench-protocol.md`) on one lock, as the
+//! external harness runs them, looping acquire, hold 1 ms, release until a common deadline.
+//! Reports the gap between one worker's release and the next worker's acquisition, the
+//! acquisitions per second, Jain's index over the workers and the hold length they measured.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fairlock::BoxError;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::bench::Bench;
+use crate::clock::EpochClock;
+use crate::report::{Figure, Section};
+use crate::stats::{jain_index, Samples};
+
+const HOLD_US: u64 = 1_000;
+/// Time for the workers to start, connect and warm up before the common start.
+const START_DELAY: Duration = Duration::from_millis(1_500);
+
+/// One line a worker printed: `id t_req t_acq t_rel_start` (epoch ns).
+#[derive(Clone, Copy, Debug)]
+struct Line {
+    who: usize,
+    t_req: u128,
+    t_acq: u128,
+    t_rel_start: u128,
+}
+
+pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
+    let duration = bench.scale(Duration::from_secs(3), Duration::from_millis(500));
+    let mut section = Section::new("processes", "Hand-over between worker processes");
+    for workers in [2usize, 8] {
+        measure(bench, &mut section, workers, duration).await?;
+    }
+    section.note(format!(
+        "N `fairlock-bench worker` processes (own runtime and connections each, default \
+         settings, fixed lease {} ms) loop acquire / hold {HOLD_US} µs / release on one lock for \
+         {duration:?} from a common start; gap = t_acq(next) - t_rel_start(previous) for each \
+         hold taken by a different worker that was already waiting; hold = t_rel_start - t_acq \
+         as the workers measured it",
+        10_000
+    ));
+    Ok(section)
+}
+
+async fn measure(
+    bench: &Bench,
+    section: &mut Section,
+    workers: usize,
+    duration: Duration,
+) -> Result<(), BoxError> {
+    let clock = EpochClock::new();
+    let start_ns = clock.now_ns() + START_DELAY.as_nanos();
+    let deadline_ns = start_ns + duration.as_nanos();
+    let name = bench.lock_name(&format!("processes-{workers}"));
+    let exe = std::env::current_exe()?;
+    let scripts_before = bench.command_calls("evalsha").await?;
+    let mut children = Vec::with_capacity(workers);
+    for id in 0..workers {
+        let child = Command::new(&exe)
+            .args(["worker", "fairlock", &name, &id.to_string(), "0"])
+            .arg(HOLD_US.to_string())
+            .arg(start_ns.to_string())
+            .arg(deadline_ns.to_string())
+            .env("LOCKBENCH_REDIS_URL", &bench.url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        children.push(child);
+    }
+    let mut readers = Vec::with_capacity(workers);
+    for mut child in children {
+        readers.push(tokio::spawn(async move {
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            let stderr = child.stderr.take().ok_or("no stderr")?;
+            let errors = tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                let mut failures = Vec::new();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if !line.starts_with("READY ") {
+                        failures.push(line);
+                    }
+                }
+                failures
+            });
+            let mut lines = BufReader::new(stdout).lines();
+            let mut out = Vec::new();
+            while let Some(line) = lines.next_line().await? {
+                out.push(parse(&line)?);
+            }
+            let status = child.wait().await?;
+            let stderr = errors.await?;
+            if !status.success() {
+                return Err(format!("worker exited with {status}: {stderr:?}").into());
+            }
+            let failed = stderr
+                .iter()
+                .filter(|line| line.starts_with("FAIL "))
+                .count();
+            Ok::<_, BoxError>((out, failed))
+        }));
+    }
+    let mut holds = Vec::new();
+    let mut failed = 0;
+    for reader in readers {
+        let (lines, failures) = reader.await??;
+        holds.extend(lines);
+        failed += failures;
+    }
+    holds.sort_by_key(|line| line.t_acq);
+    // Includes each worker's warm-up (two calls) and the calls of its last, cut-off wait.
+    let scripts = bench.command_calls("evalsha").await? - scripts_before;
+
+    let mut gaps = Samples::with_capacity(holds.len());
+    let mut overlaps = 0;
+    for pair in holds.windows(2) {
+        let (previous, next) = (pair[0], pair[1]);
+        if next.t_acq < previous.t_rel_start {
+            overlaps += 1;
+        }
+        if next.who != previous.who && next.t_req < previous.t_rel_start {
+            gaps.push(nanos(next.t_acq.saturating_sub(previous.t_rel_start)));
+        }
+    }
+    let mut hold_lengths = Samples::with_capacity(holds.len());
+    let mut per_worker = vec![0u64; workers];
+    for line in &holds {
+        hold_lengths.push(nanos(line.t_rel_start.saturating_sub(line.t_acq)));
+        per_worker[line.who] += 1;
+    }
+    let span = holds
+        .iter()
+        .map(|line| line.t_rel_start)
+        .max()
+        .unwrap_or(start_ns)
+        .saturating_sub(start_ns);
+    let per_second = holds.len() as f64 / nanos(span).as_secs_f64().max(1e-9);
+    let jain = jain_index(&per_worker);
+    let gap_p50 = gaps.median();
+    let ratio = super::support::ratio(gap_p50, bench.limit.evalsha);
+
+    section.push(Figure::micros(
+        format!("{workers} processes: hand-over gap p50"),
+        gap_p50,
+    ));
+    section.push(
+        Figure::new(
+            format!("{workers} processes: hand-over gap p50 / EVALSHA p50"),
+            ratio,
+            "x",
+        )
+        .target("<= 3x", ratio <= 3.0),
+    );
+    let p99 = gaps.percentile(99.0);
+    section.push(
+        Figure::micros(format!("{workers} processes: hand-over gap p99"), p99)
+            .target("<= 1000 µs", p99 <= Duration::from_millis(1)),
+    );
+    section.push(Figure::new(
+        format!("{workers} processes: acquisitions per second"),
+        per_second,
+        "/s",
+    ));
+    section.push(
+        Figure::new(format!("{workers} processes: Jain's index"), jain, "")
+            .target(">= 0.999", jain >= 0.999),
+    );
+    section.push(Figure::micros(
+        format!("{workers} processes: hold length p50 (asked {HOLD_US} µs)"),
+        hold_lengths.median(),
+    ));
+    section.push(
+        Figure::new(
+            format!("{workers} processes: overlapping holds"),
+            overlaps as f64,
+            "",
+        )
+        .target("0", overlaps == 0),
+    );
+    section.push(Figure::new(
+        format!("{workers} processes: script calls per acquisition"),
+        scripts as f64 / holds.len().max(1) as f64,
+        "",
+    ));
+    section.push(
+        Figure::new(
+            format!("{workers} processes: failed acquisitions"),
+            failed as f64,
+            "",
+        )
+        .target("0", failed == 0),
+    );
+    Ok(())
+}
+
+fn nanos(ns: u128) -> Duration {
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+fn parse(line: &str) -> Result<Line, BoxError> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let [who, t_req, t_acq, t_rel_start] = fields[..] else {
+        return Err(format!("unexpected worker line {line:?}").into());
+    };
+    Ok(Line {
+        who: who.parse()?,
+        t_req: t_req.parse()?,
+        t_acq: t_acq.parse()?,
+        t_rel_start: t_rel_start.parse()?,
+    })
+}
