@@ -214,6 +214,13 @@ async fn a_scripted_run_records_exact_figures() {
     let d1 = a.lock().await.unwrap();
     let d = client.fair_lock("m").unwrap();
     assert!(timeout(secs(0.25), d.lock()).await.is_err());
+    // Its place is given up in the background; let that land first, or d1's release (sent
+    // from the caller's task) may hand the lock to the dead attempt, then to E by a wake-up.
+    let no_waiters = || {
+        let client = &client;
+        async move { client.state("m").await.unwrap().waiters.is_empty() }
+    };
+    until(no_waiters).await;
     d1.unlock().await.unwrap();
 
     // A fixed lease that runs out while held.
