@@ -7,9 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::contenders::{check_failover, Contenders, Failover};
-use fairlock::LockOptions;
-use fairlock_redis::RedisBackend;
+use common::contenders::{backends, check_failover, failover_options, Contenders, Failover};
 use fairlock_testsupport::RedisCluster;
 
 /// Without acknowledgement: no error reaches a contender (the outage is shorter than the
@@ -45,19 +43,8 @@ async fn shard_failover(acks: Option<(u32, Duration)>) -> usize {
         .parse()
         .unwrap();
     let master = cluster.node_for_slot(slot).unwrap();
-    // The lease outlasts even a slow failover (on a loaded machine a failover has taken over
-    // 10 s): a lease that ran out while the store was away would rightly be reported lost.
-    let options = LockOptions::default()
-        .with_watchdog_lease(Duration::from_secs(60))
-        .with_waiter_ttl(Duration::from_secs(30));
-    let mut backends = Vec::new();
-    for _process in 0..2 {
-        let mut builder = RedisBackend::builder(cluster.url());
-        if let Some((replicas, timeout)) = acks {
-            builder = builder.replicas_acked(replicas, timeout);
-        }
-        backends.push(builder.connect().await.unwrap());
-    }
+    let options = failover_options();
+    let backends = backends(&cluster.url(), 2, acks).await;
     let contenders = Contenders::start(backends, 2, &name, &options, Duration::from_millis(5));
 
     tokio::time::sleep(Duration::from_secs(1)).await;

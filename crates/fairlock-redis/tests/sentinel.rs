@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::contenders::{check_failover, Contenders, Failover};
+use common::contenders::{backends, check_failover, failover_options, Contenders, Failover};
 
 use fairlock::{LockClient, LockOptions};
 use fairlock_redis::RedisBackend;
@@ -57,8 +57,9 @@ async fn contenders_ride_through_a_failover() {
 }
 
 /// The same with every grant and renewal acknowledged by both replicas before it is reported:
-/// whichever replica Sentinel promotes has every hold, so no hold is lost and no two overlap. (With fewer acknowledgements than replicas Sentinel may promote one that missed a
-/// grant: it picks by the replication offsets it last read, which can be a second old.) Until
+/// whichever replica Sentinel promotes has every hold, so no hold is lost and no two overlap.
+/// (With fewer acknowledgements than replicas Sentinel may promote one that missed a grant: it
+/// picks by the replication offsets it last read, which can be seconds old.) Until
 /// the new primary has two replicas again nothing can be acknowledged, so the test restarts the
 /// dead node as a replica of the new primary, as an operator would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -71,19 +72,8 @@ async fn acknowledged_grants_never_overlap_across_a_failover() {
 /// before the primary died may).
 async fn failover(acks: Option<(u32, Duration)>) -> usize {
     let mut setup = sentinels();
-    // The lease outlasts even a slow failover (on a loaded machine a failover has taken over
-    // 10 s): a lease that ran out while the store was away would rightly be reported lost.
-    let options = LockOptions::default()
-        .with_watchdog_lease(Duration::from_secs(60))
-        .with_waiter_ttl(Duration::from_secs(30));
-    let mut backends = Vec::new();
-    for _process in 0..2 {
-        let mut builder = RedisBackend::builder(setup.url());
-        if let Some((replicas, timeout)) = acks {
-            builder = builder.replicas_acked(replicas, timeout);
-        }
-        backends.push(builder.connect().await.unwrap());
-    }
+    let options = failover_options();
+    let backends = backends(&setup.url(), 2, acks).await;
     let name = common::name();
     let contenders = Contenders::start(backends, 2, &name, &options, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -100,6 +100,33 @@ impl Contenders {
     }
 }
 
+/// The options of the failover tests: the lease outlasts even a slow failover (on a loaded
+/// machine one has taken over 10 s), since a lease that ran out while the store was away
+/// would rightly be reported lost.
+pub fn failover_options() -> LockOptions {
+    LockOptions::default()
+        .with_watchdog_lease(Duration::from_secs(60))
+        .with_waiter_ttl(Duration::from_secs(30))
+}
+
+/// `processes` backends on `url`, each standing for a process of its own, with
+/// `replicas_acked(replicas, timeout)` when `acks` is given.
+pub async fn backends(
+    url: &str,
+    processes: usize,
+    acks: Option<(u32, Duration)>,
+) -> Vec<RedisBackend> {
+    let mut backends = Vec::new();
+    for _ in 0..processes {
+        let mut builder = RedisBackend::builder(url);
+        if let Some((replicas, timeout)) = acks {
+            builder = builder.replicas_acked(replicas, timeout);
+        }
+        backends.push(builder.connect().await.unwrap());
+    }
+    backends
+}
+
 /// `guard.is_held()`, asked again while the store is unavailable (for at most 30 s).
 async fn held_through_outages(guard: &LockGuard) -> fairlock::Result<bool> {
     let deadline = Instant::now() + Duration::from_secs(30);
