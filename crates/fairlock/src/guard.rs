@@ -13,6 +13,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome};
 use crate::error::{Error, Result};
 use crate::lease::Hold;
+use crate::levels::LevelTicket;
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
@@ -47,6 +48,8 @@ pub struct LockGuard {
     confirming: Option<AbortHandle>,
     runtime: Handle,
     released: bool,
+    /// Counts this level among the handle's until its release is done (see `levels.rs`).
+    ticket: LevelTicket,
 }
 
 impl LockGuard {
@@ -59,6 +62,7 @@ impl LockGuard {
         deadline: Instant,
         confirm: bool,
         runtime: Handle,
+        ticket: LevelTicket,
     ) -> Self {
         let hold = shared.holds.join(&shared, grant.token, deadline, &runtime);
         let level = Arc::new(Level {
@@ -97,6 +101,7 @@ impl LockGuard {
             confirming,
             runtime,
             released: false,
+            ticket,
         }
     }
 
@@ -379,6 +384,7 @@ impl LockGuard {
             level: self.level.clone(),
             hold: Arc::downgrade(&self.hold),
             runtime: self.runtime.clone(),
+            ticket: self.ticket.clone(),
         }
     }
 }
@@ -392,6 +398,8 @@ struct Release {
     level: Arc<Level>,
     hold: Weak<Hold>,
     runtime: Handle,
+    /// Kept until the release is done: until then the level may still be in the store.
+    ticket: LevelTicket,
 }
 
 impl Release {
@@ -413,6 +421,7 @@ impl Release {
             attempt,
             level,
             hold,
+            ticket,
             ..
         } = self;
         let span = info_span!(
@@ -432,6 +441,8 @@ impl Release {
                     .release(&shared.name, &shared.owner, token, attempt)
             })
             .await;
+            // Done with the store: the level is gone, or left to its lease.
+            drop(ticket);
             match outcome {
                 // A try whose reply was lost may have released the last level: the hold
                 // being gone then says nothing about the lease.

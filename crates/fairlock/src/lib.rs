@@ -47,6 +47,7 @@ pub mod conformance;
 mod error;
 mod guard;
 mod lease;
+mod levels;
 mod lock;
 mod memory;
 mod name;

@@ -9,6 +9,7 @@ use crate::backend::{LockBackend, LockState, LockSummary};
 use crate::error::Result;
 use crate::guard::{Lease, LockGuard};
 use crate::lease::Holds;
+use crate::levels::OwnLevels;
 use crate::name::{LockName, Owner};
 use crate::options::{check_max, LockOptions};
 use crate::telemetry::Meter;
@@ -101,16 +102,26 @@ impl LockClient {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
     pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
-        self.fair_lock_as(name, Owner::unique())
+        self.handle(name, Owner::unique(), true)
     }
 
     /// A handle on lock `name` acting as `owner`. Every handle with the same owner (in any
     /// process) is the same holder: their acquisitions are reentrant with each other, and
     /// the guards they hold share one lease.
     ///
+    /// Since a level of a shared owner may belong to any of its handles, a level whose
+    /// release the store lost (a failover) is re-entered by the owner's next acquisitions and
+    /// lives as long as they renew the hold. Handles from [`fair_lock`](Self::fair_lock)
+    /// free such a level instead (see [`FairLock`]).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
     pub fn fair_lock_as(&self, name: &str, owner: Owner) -> Result<FairLock> {
+        self.handle(name, owner, false)
+    }
+
+    /// A handle as `owner`; `exclusive`: no other handle acts as that owner.
+    fn handle(&self, name: &str, owner: Owner, exclusive: bool) -> Result<FairLock> {
         let name = LockName::new(name)?;
         let meter = Meter::new(
             self.backend.name(),
@@ -123,6 +134,7 @@ impl LockClient {
                 owner,
                 options: self.options.clone(),
                 holds: self.holds.clone(),
+                levels: OwnLevels::new(exclusive),
                 meter,
                 last_wait: std::sync::Mutex::new(None),
             }),
@@ -194,6 +206,8 @@ pub(crate) struct LockShared {
     pub(crate) owner: Owner,
     pub(crate) options: LockOptions,
     pub(crate) holds: Arc<Holds>,
+    /// The levels this handle's owner may have in the store (shared with `with_options`).
+    pub(crate) levels: Arc<OwnLevels>,
     /// The labels of this handle's metrics.
     pub(crate) meter: Meter,
     /// When a call through this handle last had to wait (see `waiting.rs`).
@@ -215,6 +229,14 @@ pub(crate) struct LockShared {
 /// every waiting call gets its own level (the hold count is the number of live guards), and a
 /// call that times out or is cancelled never takes another call's place or grant. It is
 /// deliberately not `Clone`.
+///
+/// A level this handle gave up but the store kept (a release that a failover lost, or that
+/// failed for longer than the outage budget) is never re-entered: re-entering it would reuse
+/// its old fencing token and keep other owners waiting for as long as this handle keeps
+/// locking. The next acquisition through the handle that finds it, when no other call of
+/// the handle is under way, frees that hold (the owner waiting first gets the lock) and
+/// queues behind the owners already waiting. (Handles from
+/// [`LockClient::fair_lock_as`] share their owner, so they cannot tell.)
 #[derive(Debug)]
 pub struct FairLock {
     shared: Arc<LockShared>,
@@ -234,6 +256,7 @@ impl FairLock {
                 owner: self.shared.owner.clone(),
                 options,
                 holds: self.shared.holds.clone(),
+                levels: self.shared.levels.clone(),
                 meter: self.shared.meter.clone(),
                 last_wait: std::sync::Mutex::new(None),
             }),

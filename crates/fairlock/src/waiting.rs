@@ -31,6 +31,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, Wake};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::levels::{LevelTicket, Stale};
 use crate::lock::LockShared;
 use crate::telemetry::{acquire_outcome, Acquiring, Waiting};
 
@@ -164,7 +165,10 @@ async fn acquire_inner(
     // waiter). Registering and queueing at once then saves a call per acquisition; a lock that
     // turned free meanwhile is granted by the queueing call all the same.
     let skip_try = waits && waited_recently(shared);
-    if !skip_try {
+    // A grant found stale (see `levels.rs`) is not used: a call that does not wait tries
+    // once more, as a fresh attempt.
+    let mut stale_tries = 0;
+    while !skip_try {
         let first = loop {
             let Some(result) = attempt.call_before(false, deadline).await else {
                 return timed_out(attempt).await;
@@ -186,13 +190,24 @@ async fn acquire_inner(
         attempt.failing = false;
         outage.succeeded();
         if let (AcquireOutcome::Granted(grant), proven) = first {
-            return Ok(attempt.hold(grant, proven + lease, false));
+            if !unusable(shared, &mut attempt, &grant).await? {
+                return Ok(attempt.hold(grant, proven + lease, false));
+            }
+            stale_tries += 1;
+            if waits || stale_tries == 1 {
+                // Waiting callers queue now, behind those the freed hold went to.
+                if waits {
+                    break;
+                }
+                continue;
+            }
         }
         if !waits {
             return Err(Error::WouldBlock {
                 name: shared.name.to_string(),
             });
         }
+        break;
     }
 
     // From here on the caller waits: counted in `fairlock_waiting` until it returns.
@@ -259,6 +274,22 @@ async fn acquire_inner(
         }
         let (retry_after, last_token) = match outcome {
             (AcquireOutcome::Granted(grant), proven) => {
+                match unusable(shared, &mut attempt, &grant).await {
+                    Ok(false) => {}
+                    // Freed: queue anew, behind those the freed hold went to.
+                    Ok(true) => continue,
+                    Err(err) if is_outage(&err) => {
+                        attempt.failing = true;
+                        let Some(pause) = outage.failed() else {
+                            return Err(err);
+                        };
+                        if !pause_before(pause, deadline).await {
+                            return timed_out(attempt).await;
+                        }
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                }
                 if waited {
                     if grant.hold_count == 1 {
                         shared.meter.handover("recheck");
@@ -328,6 +359,42 @@ async fn acquire_inner(
                     return timed_out(attempt).await;
                 }
             }
+        }
+    }
+}
+
+/// Whether `grant`, just made to `attempt`, must not be used: its hold includes a level of
+/// this handle's owner that nobody will release (see `levels.rs`). Then, if the attempt is
+/// the handle's only call, frees that hold (it goes to the owner waiting first) and renews
+/// the attempt, and the caller queues anew. A grant with a stale level found while other
+/// calls of the handle are under way is used (freeing it would take their levels too).
+async fn unusable(shared: &Arc<LockShared>, attempt: &mut Attempt, grant: &Grant) -> Result<bool> {
+    match shared.levels.check(grant.token, grant.hold_count) {
+        Stale::No => Ok(false),
+        Stale::Kept => {
+            debug!(
+                token = grant.token,
+                hold_count = grant.hold_count,
+                "the hold has a level nobody will release; other calls are under way, so it stays"
+            );
+            Ok(false)
+        }
+        Stale::Free => {
+            warn!(
+                lock = %shared.name,
+                owner = %shared.owner,
+                token = grant.token,
+                hold_count = grant.hold_count,
+                "fairlock: the store kept a level of this handle that it had given up (a lost \
+                 release); freeing that hold instead of re-entering it"
+            );
+            // The attempt's own level goes with the hold; its id is spent.
+            attempt.renew();
+            let (freed, _) = retry_within(shared.options.outage_budget, || {
+                shared.backend.force_release(&shared.name, grant.token)
+            })
+            .await;
+            freed.map(|_| true)
         }
     }
 }
@@ -423,11 +490,15 @@ struct Attempt {
     /// a grant found later may be its, and its lease started then.
     unknown_since: Option<Instant>,
     finished: bool,
+    /// Counts this attempt among the levels the handle may have, until it and its clean-up
+    /// (or its guard and release) are done with the store.
+    ticket: LevelTicket,
 }
 
 impl Attempt {
     fn new(shared: Arc<LockShared>, runtime: Handle) -> Self {
         Attempt {
+            ticket: shared.levels.register(),
             shared,
             runtime,
             id: AttemptId::random(),
@@ -500,12 +571,15 @@ impl Attempt {
             until,
             confirm,
             self.runtime.clone(),
+            self.ticket.clone(),
         )
     }
 
     /// Gives up this attempt's id (in the background) and goes on under a fresh one.
     fn renew(&mut self) {
         drop(self.start_cleanup());
+        // The clean-up keeps the old ticket until it is done.
+        self.ticket = self.shared.levels.register();
         self.id = AttemptId::random();
         self.sent = false;
         self.finished = false;
@@ -524,6 +598,7 @@ impl Attempt {
         self.finished = true;
         let shared = self.shared.clone();
         let attempt = self.id;
+        let ticket = self.ticket.clone();
         let span =
             info_span!("fairlock.abandon", lock = %shared.name, owner = %shared.owner, %attempt);
         Some(
@@ -545,6 +620,7 @@ impl Attempt {
                             "fairlock abandoning failed; what the attempt left ends with its TTL or lease"
                         );
                     }
+                    drop(ticket);
                 }
                 .instrument(span),
             ),

@@ -12,7 +12,7 @@ use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
     Watch,
 };
-use fairlock::{Error, LockClient, LockName, MemoryBackend, Owner, Result};
+use fairlock::{Error, LockClient, LockName, LockOptions, MemoryBackend, Owner, Result};
 
 /// `MemoryBackend` with two faults, each switched on by a flag: the confirmation of a
 /// hand-over (an `acquire` that does not queue, by an attempt that queued) stalls 10 s; and a
@@ -28,6 +28,9 @@ struct Faulty {
     fail_next_abandon: Arc<AtomicBool>,
     /// Releases fail as `Unavailable` until this instant (a store failing over).
     releases_down_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// The next release is answered as done but never reaches the store: a release the old
+    /// primary acknowledged and a failover then lost.
+    lose_next_release: Arc<AtomicBool>,
 }
 
 fn down() -> Error {
@@ -69,6 +72,9 @@ impl LockBackend for Faulty {
         let down_until = *self.releases_down_until.lock().unwrap();
         if down_until.is_some_and(|until| tokio::time::Instant::now() < until) {
             return Err(down());
+        }
+        if self.lose_next_release.swap(false, SeqCst) {
+            return Ok(ReleaseOutcome::Released { remaining: 0 });
         }
         self.inner.release(name, owner, token, attempt).await
     }
@@ -251,4 +257,78 @@ async fn unlock_rides_out_an_outage_within_the_budget() {
         waited >= Duration::from_secs(30) && waited < Duration::from_secs(32),
         "{waited:?}"
     );
+}
+
+/// A release the store lost (acknowledged by a primary that a failover then replaced) leaves
+/// a level nobody holds. The owner's next acquisition must not re-enter it: that would reuse
+/// the old fencing token and, renewing the lease on every re-entry, keep every other owner
+/// waiting for as long as this one keeps locking. It frees the stale hold instead, which goes
+/// to the owner waiting first, and queues behind it.
+#[tokio::test(start_paused = true)]
+async fn a_level_the_store_kept_after_a_lost_release_is_not_re_entered() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let first = client.fair_lock("lost-release").unwrap();
+    let other = client.fair_lock("lost-release").unwrap();
+    let guard = first.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    let waiter = tokio::spawn(async move {
+        let guard = other.lock().await.unwrap();
+        let token = guard.fencing_token();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        guard.unlock().await.unwrap();
+        (token, tokio::time::Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    backend.lose_next_release.store(true, SeqCst);
+    guard.unlock().await.unwrap();
+    assert!(
+        first.state().await.unwrap().holder.is_some(),
+        "the release was not lost"
+    );
+
+    let again = tokio::time::timeout(Duration::from_secs(5), first.lock())
+        .await
+        .expect("the stale hold does not block its own owner")
+        .unwrap();
+    let acquired = tokio::time::Instant::now();
+    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
+    let (waiter_token, waiter_released) = waiter.await.unwrap();
+    assert!(
+        waiter_token > stale_token && again.fencing_token() > waiter_token,
+        "tokens: stale {stale_token}, waiter {waiter_token}, again {}",
+        again.fencing_token()
+    );
+    assert!(
+        acquired >= waiter_released,
+        "the waiter, first in line, went first"
+    );
+    again.unlock().await.unwrap();
+    assert!(first.state().await.unwrap().holder.is_none());
+}
+
+/// The same for a release that failed for longer than the outage budget: `unlock()` reported
+/// it, and the level it left is not re-entered by the owner's next acquisition.
+#[tokio::test(start_paused = true)]
+async fn a_level_left_by_a_failed_release_is_not_re_entered() {
+    let backend = Faulty::default();
+    // A lease longer than the outage budget, so the level outlives the failed release.
+    let client = LockClient::new(backend.clone())
+        .with_options(LockOptions::default().with_watchdog_lease(Duration::from_secs(120)))
+        .unwrap();
+    let lock = client.fair_lock("failed-release").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    let started = tokio::time::Instant::now();
+    *backend.releases_down_until.lock().unwrap() = Some(started + Duration::from_secs(60));
+    let error = guard.unlock().await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    *backend.releases_down_until.lock().unwrap() = None;
+    assert!(lock.state().await.unwrap().holder.is_some());
+
+    let again = lock.lock().await.unwrap();
+    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
+    assert!(again.fencing_token() > stale_token);
+    again.unlock().await.unwrap();
+    assert!(lock.state().await.unwrap().holder.is_none());
 }

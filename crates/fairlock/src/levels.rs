@@ -1,0 +1,119 @@
+//! What a handle knows of its owner's levels in the store, so that a level the store kept
+//! but the handle gave up (a release a failover lost, or one that failed past the outage
+//! budget) is never re-entered.
+//!
+//! Re-entering such a stale level would reuse its old fencing token (a resource that saw a
+//! later one refuses the holder), and since every re-entry renews the lease, a stale level
+//! of an owner that keeps locking would keep every other owner waiting without bound.
+//!
+//! A handle from [`LockClient::fair_lock`](crate::LockClient::fair_lock) has an owner of its
+//! own, so every level of that owner in the store belongs to one of its attempts: a live
+//! guard, an attempt in progress, or the release or abandon of one, still on its way. Each of
+//! those holds a [`LevelTicket`] until it is done with the store. A grant whose hold count is
+//! larger than the number of tickets therefore includes a level nobody will release. When
+//! the attempt that found it is the handle's only one, it frees the hold
+//! (`force_release` of that token: the lock goes to the owner waiting first) and queues
+//! anew. The token is remembered: a grant of it is never used again (it is freed once more),
+//! so a call that re-entered the hold meanwhile, or a `force_release` that arrives late,
+//! cannot cost a guard its level.
+//! Owners shared through [`fair_lock_as`](crate::LockClient::fair_lock_as) may hold levels
+//! in other handles and processes: their grants are not checked.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// How many freed tokens a handle remembers: a `force_release` that may still be on its way
+/// must not meet a level this handle added to that hold since. Tokens only grow, so a hold
+/// freed long ago does not come back.
+const DOOMED_TOKENS: usize = 16;
+
+/// The levels a handle (and the handles `with_options` made from it) may have in the store.
+#[derive(Debug)]
+pub(crate) struct OwnLevels {
+    /// The owner is this handle's alone (`fair_lock`), so its grants can be checked.
+    exclusive: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Live tickets.
+    outstanding: usize,
+    /// Tokens of holds this handle freed, or set out to free: never re-entered.
+    doomed: VecDeque<u64>,
+}
+
+impl OwnLevels {
+    pub(crate) fn new(exclusive: bool) -> Arc<OwnLevels> {
+        Arc::new(OwnLevels {
+            exclusive,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A ticket for a new attempt: counted until the attempt and everything it sends are done.
+    pub(crate) fn register(self: &Arc<Self>) -> LevelTicket {
+        self.state().outstanding += 1;
+        LevelTicket {
+            _counted: Arc::new(TicketInner(self.clone())),
+        }
+    }
+
+    /// Whether a grant of hold `token` with `hold_count` levels, to an attempt holding one of
+    /// this handle's tickets, includes a level nobody will release (or is a hold this handle
+    /// set out to free); and if so, and that attempt is the handle's only one, the go-ahead
+    /// to free the hold, whose token is never accepted again.
+    pub(crate) fn check(&self, token: u64, hold_count: u32) -> Stale {
+        let mut state = self.state();
+        let doomed = state.doomed.contains(&token);
+        let extra = self.exclusive && hold_count as usize > state.outstanding;
+        if !doomed && !extra {
+            return Stale::No;
+        }
+        if state.outstanding > 1 && !doomed {
+            // Another call of this handle may hold a level of this hold: freeing it would take
+            // that level too. The stale level is freed by a later acquisition made alone.
+            return Stale::Kept;
+        }
+        if !state.doomed.contains(&token) {
+            if state.doomed.len() == DOOMED_TOKENS {
+                state.doomed.pop_front();
+            }
+            state.doomed.push_back(token);
+        }
+        Stale::Free
+    }
+}
+
+/// The outcome of [`OwnLevels::check`].
+#[derive(Debug)]
+pub(crate) enum Stale {
+    /// Every level of the hold is accounted for.
+    No,
+    /// A stale level is there, but other calls of the handle are under way: the grant is used.
+    Kept,
+    /// Not to be used: free the hold, then queue anew.
+    Free,
+}
+
+/// One attempt's claim on a level: held by the attempt, then by its guard, then by the
+/// guard's release, until the store has been told (or given up on).
+#[derive(Clone, Debug)]
+pub(crate) struct LevelTicket {
+    /// Held for its `Drop`: the last clone uncounts the attempt.
+    _counted: Arc<TicketInner>,
+}
+
+#[derive(Debug)]
+struct TicketInner(Arc<OwnLevels>);
+
+impl Drop for TicketInner {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.outstanding = state.outstanding.saturating_sub(1);
+    }
+}
