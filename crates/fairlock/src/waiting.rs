@@ -168,46 +168,45 @@ async fn acquire_inner(
     // A grant found stale (see `levels.rs`) is not used: a call that does not wait tries
     // once more, as a fresh attempt.
     let mut stale_tries = 0;
-    while !skip_try {
-        let first = loop {
-            let Some(result) = attempt.call_before(false, deadline).await else {
-                return timed_out(attempt).await;
-            };
-            match result {
-                Err(err) if waits && is_outage(&err) => {
-                    attempt.failing = true;
-                    let Some(pause) = outage.failed() else {
-                        return Err(err);
-                    };
-                    debug!(error = %err, ?pause, "the store failed; trying again");
-                    if !pause_before(pause, deadline).await {
-                        return timed_out(attempt).await;
+    if !skip_try {
+        loop {
+            let first = loop {
+                let Some(result) = attempt.call_before(false, deadline).await else {
+                    return timed_out(attempt).await;
+                };
+                match result {
+                    Err(err) if waits && is_outage(&err) => {
+                        attempt.failing = true;
+                        let Some(pause) = outage.failed() else {
+                            return Err(err);
+                        };
+                        debug!(error = %err, ?pause, "the store failed; trying again");
+                        if !pause_before(pause, deadline).await {
+                            return timed_out(attempt).await;
+                        }
                     }
+                    other => break other?,
                 }
-                other => break other?,
-            }
-        };
-        attempt.failing = false;
-        outage.succeeded();
-        if let (AcquireOutcome::Granted(grant), proven) = first {
-            if !unusable(shared, &mut attempt, &grant).await? {
-                return Ok(attempt.hold(grant, proven + lease, false));
-            }
-            stale_tries += 1;
-            if waits || stale_tries == 1 {
-                // Waiting callers queue now, behind those the freed hold went to.
-                if waits {
-                    break;
+            };
+            attempt.failing = false;
+            outage.succeeded();
+            if let (AcquireOutcome::Granted(grant), proven) = first {
+                if !unusable(shared, &mut attempt, &grant).await? {
+                    return Ok(attempt.hold(grant, proven + lease, false));
                 }
-                continue;
+                // Freed. A waiting caller queues now, behind those the hold went to.
+                stale_tries += 1;
+                if !waits && stale_tries == 1 {
+                    continue;
+                }
             }
+            if !waits {
+                return Err(Error::WouldBlock {
+                    name: shared.name.to_string(),
+                });
+            }
+            break;
         }
-        if !waits {
-            return Err(Error::WouldBlock {
-                name: shared.name.to_string(),
-            });
-        }
-        break;
     }
 
     // From here on the caller waits: counted in `fairlock_waiting` until it returns.
