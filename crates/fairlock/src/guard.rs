@@ -13,7 +13,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome};
 use crate::error::{Error, Result};
 use crate::lease::Hold;
-use crate::levels::LevelTicket;
+use crate::levels::{Finishing, LevelTicket};
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::options::check_lease;
@@ -124,6 +124,8 @@ impl LockGuard {
 
     /// The owner holding the lock.
     pub fn owner(&self) -> &Owner {
+        // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
+        self.shared.levels.shared_out();
         &self.shared.owner
     }
 
@@ -385,6 +387,7 @@ impl LockGuard {
             hold: Arc::downgrade(&self.hold),
             runtime: self.runtime.clone(),
             ticket: self.ticket.clone(),
+            finishing: Arc::new(self.shared.levels.finishing()),
         }
     }
 }
@@ -400,6 +403,8 @@ struct Release {
     runtime: Handle,
     /// Kept until the release is done: until then the level may still be in the store.
     ticket: LevelTicket,
+    /// Marks the release as on its way from the moment the guard let go (see `levels.rs`).
+    finishing: Arc<Finishing>,
 }
 
 impl Release {
@@ -422,6 +427,7 @@ impl Release {
             level,
             hold,
             ticket,
+            finishing,
             ..
         } = self;
         let span = info_span!(
@@ -443,6 +449,7 @@ impl Release {
             .await;
             // Done with the store: the level is gone, or left to its lease.
             drop(ticket);
+            drop(finishing);
             match outcome {
                 // A try whose reply was lost may have released the last level: the hold
                 // being gone then says nothing about the lease.
@@ -698,6 +705,8 @@ impl Lease {
 
     /// The owner holding the lock.
     pub fn owner(&self) -> &Owner {
+        // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
+        self.shared.levels.shared_out();
         &self.shared.owner
     }
 

@@ -17,10 +17,20 @@
 //! so a call that re-entered the hold meanwhile, or a `force_release` that arrives late,
 //! cannot cost a guard its level.
 //! Owners shared through [`fair_lock_as`](crate::LockClient::fair_lock_as) may hold levels
-//! in other handles and processes: their grants are not checked.
+//! in other handles and processes: their grants are not checked, and neither are those of a
+//! handle whose owner was handed out (`owner()` of the handle or a guard), since it may be
+//! shared that way.
+//!
+//! A release or abandon still on its way holds its ticket, and its level may still be in the
+//! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
+//! guard dropped just before the next `lock()` does not hide a stale level.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
 
 /// How many freed tokens a handle remembers: a `force_release` that may still be on its way
 /// must not meet a level this handle added to that hold since. Tokens only grow, so a hold
@@ -30,9 +40,12 @@ const DOOMED_TOKENS: usize = 16;
 /// The levels a handle (and the handles `with_options` made from it) may have in the store.
 #[derive(Debug)]
 pub(crate) struct OwnLevels {
-    /// The owner is this handle's alone (`fair_lock`), so its grants can be checked.
-    exclusive: bool,
+    /// The owner is this handle's alone (`fair_lock`, never handed out), so its grants can
+    /// be checked.
+    exclusive: AtomicBool,
     state: Mutex<State>,
+    /// How many releases and abandons are on their way to the store.
+    finishing: watch::Sender<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -46,9 +59,22 @@ struct State {
 impl OwnLevels {
     pub(crate) fn new(exclusive: bool) -> Arc<OwnLevels> {
         Arc::new(OwnLevels {
-            exclusive,
+            exclusive: AtomicBool::new(exclusive),
             state: Mutex::new(State::default()),
+            finishing: watch::Sender::new(0),
         })
+    }
+
+    /// The owner was handed out: another handle may act as it, so grants are no longer
+    /// checked.
+    pub(crate) fn shared_out(&self) {
+        self.exclusive.store(false, Ordering::Relaxed);
+    }
+
+    /// Marks a release or abandon on its way to the store, until the marker is dropped.
+    pub(crate) fn finishing(self: &Arc<Self>) -> Finishing {
+        self.finishing.send_modify(|n| *n += 1);
+        Finishing(self.clone())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -66,26 +92,64 @@ impl OwnLevels {
     /// Whether a grant of hold `token` with `hold_count` levels, to an attempt holding one of
     /// this handle's tickets, includes a level nobody will release (or is a hold this handle
     /// set out to free); and if so, and that attempt is the handle's only one, the go-ahead
-    /// to free the hold, whose token is never accepted again.
-    pub(crate) fn check(&self, token: u64, hold_count: u32) -> Stale {
-        let mut state = self.state();
-        let doomed = state.doomed.contains(&token);
-        let extra = self.exclusive && hold_count as usize > state.outstanding;
-        if !doomed && !extra {
-            return Stale::No;
-        }
-        if state.outstanding > 1 && !doomed {
-            // Another call of this handle may hold a level of this hold: freeing it would take
-            // that level too. The stale level is freed by a later acquisition made alone.
-            return Stale::Kept;
-        }
-        if !state.doomed.contains(&token) {
-            if state.doomed.len() == DOOMED_TOKENS {
-                state.doomed.pop_front();
+    /// to free the hold, whose token is never accepted again. Releases and abandons still on
+    /// their way are waited for (at most `patience`) first: their levels may be in the hold.
+    pub(crate) async fn check(&self, token: u64, hold_count: u32, patience: Duration) -> Stale {
+        let mut finishing = self.finishing.subscribe();
+        let mut waited = false;
+        loop {
+            {
+                let mut state = self.state();
+                let doomed = state.doomed.contains(&token);
+                let extra = self.exclusive.load(Ordering::Relaxed)
+                    && hold_count as usize > state.outstanding;
+                if !doomed && !extra {
+                    return Stale::No;
+                }
+                let in_flight = *finishing.borrow_and_update();
+                if doomed || state.outstanding == 1 {
+                    if !state.doomed.contains(&token) {
+                        if state.doomed.len() == DOOMED_TOKENS {
+                            state.doomed.pop_front();
+                        }
+                        state.doomed.push_back(token);
+                    }
+                    return Stale::Free;
+                }
+                // Other calls of this handle may hold a level of this hold: freeing it would
+                // take theirs too. Only releases and abandons on their way are waited for.
+                if waited || state.outstanding > in_flight + 1 {
+                    return Stale::Kept;
+                }
             }
-            state.doomed.push_back(token);
+            waited = true;
+            let drained = finishing.wait_for(|n| *n == 0);
+            if tokio::time::timeout(patience, drained).await.is_err() {
+                return Stale::Kept;
+            }
         }
-        Stale::Free
+    }
+
+    /// Whether a re-entry (`hold_count` above 1) must be counted again before it is used:
+    /// a release or abandon of this handle is on its way, and the level it is taking away
+    /// may be the one the store will keep (a lost release). Waits (at most `patience`) for
+    /// them to finish; the caller then asks the store for the hold's count again.
+    pub(crate) async fn recount(&self, hold_count: u32, patience: Duration) -> bool {
+        let mut finishing = self.finishing.subscribe();
+        {
+            let state = self.state();
+            let in_flight = *finishing.borrow_and_update();
+            if !self.exclusive.load(Ordering::Relaxed)
+                || hold_count <= 1
+                || in_flight == 0
+                || state.outstanding > in_flight + 1
+            {
+                return false;
+            }
+        }
+        let drained = finishing.wait_for(|n| *n == 0);
+        let done = tokio::time::timeout(patience, drained).await.is_ok();
+        done
     }
 }
 
@@ -115,5 +179,15 @@ impl Drop for TicketInner {
     fn drop(&mut self) {
         let mut state = self.0.state();
         state.outstanding = state.outstanding.saturating_sub(1);
+    }
+}
+
+/// A release or abandon on its way to the store (see [`OwnLevels::finishing`]).
+#[derive(Debug)]
+pub(crate) struct Finishing(Arc<OwnLevels>);
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.0.finishing.send_modify(|n| *n = n.saturating_sub(1));
     }
 }

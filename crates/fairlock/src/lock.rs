@@ -282,6 +282,8 @@ impl FairLock {
 
     /// The owner this handle acquires as.
     pub fn owner(&self) -> &Owner {
+        // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
+        self.shared.levels.shared_out();
         &self.shared.owner
     }
 

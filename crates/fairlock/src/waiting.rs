@@ -191,7 +191,11 @@ async fn acquire_inner(
             attempt.failing = false;
             outage.succeeded();
             if let (AcquireOutcome::Granted(grant), proven) = first {
-                if !unusable(shared, &mut attempt, &grant).await? {
+                let Some(stale) = unusable(shared, &mut attempt, &grant, waits, deadline).await
+                else {
+                    return timed_out(attempt).await;
+                };
+                if let Some(grant) = stale? {
                     return Ok(attempt.hold(grant, proven + lease, false));
                 }
                 // Freed. A waiting caller queues now, behind those the hold went to.
@@ -273,22 +277,13 @@ async fn acquire_inner(
         }
         let (retry_after, last_token) = match outcome {
             (AcquireOutcome::Granted(grant), proven) => {
-                match unusable(shared, &mut attempt, &grant).await {
-                    Ok(false) => {}
+                let grant = match unusable(shared, &mut attempt, &grant, waits, deadline).await {
+                    None => return timed_out(attempt).await,
+                    Some(Ok(Some(grant))) => grant,
                     // Freed: queue anew, behind those the freed hold went to.
-                    Ok(true) => continue,
-                    Err(err) if is_outage(&err) => {
-                        attempt.failing = true;
-                        let Some(pause) = outage.failed() else {
-                            return Err(err);
-                        };
-                        if !pause_before(pause, deadline).await {
-                            return timed_out(attempt).await;
-                        }
-                        continue;
-                    }
-                    Err(err) => return Err(err),
-                }
+                    Some(Ok(None)) => continue,
+                    Some(Err(err)) => return Err(err),
+                };
                 if waited {
                     if grant.hold_count == 1 {
                         shared.meter.handover("recheck");
@@ -362,21 +357,56 @@ async fn acquire_inner(
     }
 }
 
+/// How long a grant that may include a stale level waits for the handle's releases and
+/// abandons on their way before it is judged (see `levels.rs`).
+const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
+
 /// Whether `grant`, just made to `attempt`, must not be used: its hold includes a level of
 /// this handle's owner that nobody will release (see `levels.rs`). Then, if the attempt is
-/// the handle's only call, frees that hold (it goes to the owner waiting first) and renews
+/// the handle's only call, frees that hold (`Ok(None)`) (it goes to the owner waiting first) and renews
 /// the attempt, and the caller queues anew. A grant with a stale level found while other
 /// calls of the handle are under way is used (freeing it would take their levels too).
-async fn unusable(shared: &Arc<LockShared>, attempt: &mut Attempt, grant: &Grant) -> Result<bool> {
-    match shared.levels.check(grant.token, grant.hold_count) {
-        Stale::No => Ok(false),
+/// Waiting callers ride out a failing store within the outage budget, others do not; no
+/// caller waits past `deadline` (`None` when it is reached: the caller times out).
+async fn unusable(
+    shared: &Arc<LockShared>,
+    attempt: &mut Attempt,
+    grant: &Grant,
+    waits: bool,
+    deadline: Option<Instant>,
+) -> Option<Result<Option<Grant>>> {
+    let patience = match deadline {
+        Some(deadline) => {
+            FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
+        }
+        None => FINISHING_PATIENCE,
+    };
+    let mut grant = *grant;
+    if shared.levels.recount(grant.hold_count, patience).await {
+        // Count again now that the handle's releases are done: the same attempt asked again
+        // gets the same grant and the hold's current count (the store changes nothing).
+        match attempt.call(false).await {
+            Ok((AcquireOutcome::Granted(again), _)) if again.token == grant.token => grant = again,
+            // The grant ended meanwhile, or the store failed: queue anew.
+            _ => {
+                attempt.renew();
+                return Some(Ok(None));
+            }
+        }
+    }
+    match shared
+        .levels
+        .check(grant.token, grant.hold_count, patience)
+        .await
+    {
+        Stale::No => Some(Ok(Some(grant))),
         Stale::Kept => {
             debug!(
                 token = grant.token,
                 hold_count = grant.hold_count,
                 "the hold has a level nobody will release; other calls are under way, so it stays"
             );
-            Ok(false)
+            Some(Ok(Some(grant)))
         }
         Stale::Free => {
             warn!(
@@ -384,16 +414,26 @@ async fn unusable(shared: &Arc<LockShared>, attempt: &mut Attempt, grant: &Grant
                 owner = %shared.owner,
                 token = grant.token,
                 hold_count = grant.hold_count,
-                "fairlock: the store kept a level of this handle that it had given up (a lost \
-                 release); freeing that hold instead of re-entering it"
+                "fairlock: the hold has a level this handle no longer has (a release or abandon \
+                 the store lost or never got); freeing that hold instead of re-entering it"
             );
             // The attempt's own level goes with the hold; its id is spent.
             attempt.renew();
-            let (freed, _) = retry_within(shared.options.outage_budget, || {
+            let budget = if waits {
+                shared.options.outage_budget
+            } else {
+                Duration::ZERO
+            };
+            let freeing = retry_within(budget, || {
                 shared.backend.force_release(&shared.name, grant.token)
-            })
-            .await;
-            freed.map(|_| true)
+            });
+            let (freed, _) = match deadline {
+                None => freeing.await,
+                Some(deadline) => timeout_at(deadline, freeing).await.ok()?,
+            };
+            // A failure is returned as it is: the token stays doomed, so retrying would only
+            // find the same hold again while the store refuses to free it.
+            Some(freed.map(|_| None))
         }
     }
 }
@@ -598,6 +638,7 @@ impl Attempt {
         let shared = self.shared.clone();
         let attempt = self.id;
         let ticket = self.ticket.clone();
+        let finishing = shared.levels.finishing();
         let span =
             info_span!("fairlock.abandon", lock = %shared.name, owner = %shared.owner, %attempt);
         Some(
@@ -620,6 +661,7 @@ impl Attempt {
                         );
                     }
                     drop(ticket);
+                    drop(finishing);
                 }
                 .instrument(span),
             ),

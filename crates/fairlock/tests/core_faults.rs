@@ -332,3 +332,42 @@ async fn a_level_left_by_a_failed_release_is_not_re_entered() {
     again.unlock().await.unwrap();
     assert!(lock.state().await.unwrap().holder.is_none());
 }
+
+/// The same when the guard is dropped rather than unlocked, and the next `lock()` comes at
+/// once: the dropped guard's release is still on its way (and, here, lost), so the check
+/// waits for it before judging the hold (found by review: it used to let the stale level be).
+#[tokio::test(start_paused = true)]
+async fn a_stale_level_behind_a_dropped_guard_is_not_re_entered() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lock = client.fair_lock("dropped").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    backend.lose_next_release.store(true, SeqCst);
+    drop(guard);
+    let again = lock.lock().await.unwrap();
+    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
+    assert!(again.fencing_token() > stale_token);
+    again.unlock().await.unwrap();
+    assert!(lock.state().await.unwrap().holder.is_none());
+}
+
+/// A `fair_lock` handle whose owner was handed out may share it with a `fair_lock_as`
+/// handle: a level held there is not stale, and must be re-entered, never freed (found by
+/// review: the check freed the other handle's live hold).
+#[tokio::test(start_paused = true)]
+async fn a_handed_out_owner_shares_its_hold() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let first = client.fair_lock("shared").unwrap();
+    let second = client
+        .fair_lock_as("shared", first.owner().clone())
+        .unwrap();
+    let held = second.lock().await.unwrap();
+    let nested = first.lock().await.unwrap();
+    assert_eq!(nested.hold_count(), 2);
+    assert_eq!(nested.fencing_token(), held.fencing_token());
+    assert!(held.is_held().await.unwrap(), "the shared hold was freed");
+    nested.unlock().await.unwrap();
+    held.unlock().await.unwrap();
+}
