@@ -6,7 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::contenders::{backends, check_failover, failover_options, Contenders, Failover};
+use common::contenders::{
+    backends, check_failover, failover_options, gaps_from, longest_stall, Contenders, Failover,
+};
 
 use fairlock::{LockClient, LockOptions};
 use fairlock_redis::RedisBackend;
@@ -160,4 +162,92 @@ async fn an_unacknowledged_grant_is_not_handed_out() {
     );
     let state = lock.state().await.unwrap();
     assert!(state.holder.is_none(), "left held: {state:?}");
+}
+
+/// Two failovers in a row, the second of a primary that is alive (as Sentinel does when a
+/// freshly promoted primary answers its pings late; here forced with `SENTINEL FAILOVER`).
+/// The demoted primary goes on taking writes from the clients still connected to it until
+/// Sentinel reconfigures it, about ten seconds later, and then drops them: releases made
+/// there are lost, and the store keeps levels their handles gave up. Before the fix, a
+/// handle re-entered its own stale level: it reused the old fencing token, below one already
+/// handed out, and, renewing the lease at each re-entry, kept the others waiting for the
+/// whole lease (60 s). Now such a hold is freed: tokens keep increasing, the lock stalls only
+/// while the store is split, and no error reaches a contender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_failover_of_a_live_primary_leaves_no_stale_hold() {
+    let mut setup = sentinels();
+    let options = failover_options();
+    let backends = backends(&setup.url(), 2, Some((2, Duration::from_millis(500)))).await;
+    let name = common::name();
+    let contenders = Contenders::start(backends, 2, &name, &options, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed_at = Instant::now();
+    let old = setup.kill_primary().unwrap();
+    let (setup, first, second, whole) = tokio::task::spawn_blocking(move || {
+        let first = setup
+            .wait_for_new_primary(old, Duration::from_secs(30))
+            .expect("a replica is promoted");
+        setup
+            .node_on(old)
+            .unwrap()
+            .restart_as_replica_of(first)
+            .expect("the old primary restarts as a replica");
+        setup
+            .wait_for_replicas(first, 2, Duration::from_secs(30))
+            .expect("the new primary has two replicas");
+        // Grants are acknowledged again, and then the new primary is failed over in turn.
+        std::thread::sleep(Duration::from_secs(1));
+        let demoted = setup
+            .force_failover(Duration::from_secs(30))
+            .expect("the sentinels fail the live primary over");
+        let second = setup
+            .wait_for_new_primary(demoted, Duration::from_secs(30))
+            .expect("another replica is promoted");
+        setup
+            .wait_for_replicas(second, 2, Duration::from_secs(30))
+            .expect("the demoted primary rejoins as a replica");
+        (setup, first, second, Instant::now())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let holds = contenders.finish().await;
+    drop(setup);
+
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].token > pair[0].token,
+            "tokens went back (a stale hold re-entered?): {pair:?}"
+        );
+    }
+    let lost: Vec<_> = holds.iter().filter(|held| held.lost.is_some()).collect();
+    let stall = longest_stall(&holds);
+    let after = gaps_from(&holds, whole + Duration::from_secs(2));
+    let slowest_after = after.iter().max().copied().unwrap_or_default();
+    println!(
+        "primary {old} killed, {first} promoted, then failed over to {second}; store whole \
+         again {:?} after the kill; longest stall {stall:?}; {} holds, {} lost: {lost:?}; \
+         slowest of {} hand-overs 2 s after that {slowest_after:?}",
+        whole - killed_at,
+        holds.len(),
+        lost.len(),
+        after.len()
+    );
+    // Holds made on the demoted primary while the store was split may be lost (see
+    // docs/redis.md); none made after it was whole again.
+    for held in &lost {
+        assert!(
+            held.acquired < whole + Duration::from_secs(1),
+            "a hold granted after the store was whole again was lost: {held:?}"
+        );
+    }
+    assert!(
+        stall < options.outage_budget,
+        "the lock stalled {stall:?}: longer than the outage budget"
+    );
+    assert!(after.len() >= 20, "too few hand-overs after the failovers");
+    assert!(
+        slowest_after < Duration::from_millis(500),
+        "hand-overs after the failovers are not wake-ups: {slowest_after:?}"
+    );
 }

@@ -194,6 +194,28 @@ impl RedisSentinels {
         }
     }
 
+    /// Makes the sentinels fail the current primary over although it is alive (`SENTINEL
+    /// FAILOVER`), as they do by themselves when it answers their pings late: the primary is
+    /// demoted and one of its replicas promoted. Asks again (up to `timeout`) while a failover
+    /// is still in progress or no replica qualifies yet. Returns the demoted primary's port.
+    pub fn force_failover(&self, timeout: Duration) -> io::Result<u16> {
+        let port = self.primary_port()?;
+        let started = Instant::now();
+        loop {
+            let reply = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", SENTINEL_SERVICE])?;
+            if reply == "OK" {
+                return Ok(port);
+            }
+            if started.elapsed() > timeout {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("SENTINEL FAILOVER still refused after {timeout:?}: {reply}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits (up to `timeout`) until the sentinels name a primary other than `old_port`, and it
     /// answers as a primary.
     pub fn wait_for_new_primary(&self, old_port: u16, timeout: Duration) -> io::Result<u16> {

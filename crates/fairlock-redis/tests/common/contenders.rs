@@ -12,6 +12,8 @@ use tokio::task::JoinHandle;
 /// One hold as a contender saw it.
 #[derive(Clone, Copy, Debug)]
 pub struct Held {
+    /// Which contender held it (in start order).
+    pub contender: usize,
     pub token: u64,
     pub acquired: Instant,
     pub released: Instant,
@@ -47,6 +49,7 @@ impl Contenders {
                 .with_options(options.clone())
                 .unwrap();
             for _ in 0..per_backend {
+                let contender = tasks.len();
                 let lock = client.fair_lock(name.as_str()).unwrap();
                 let (stop, holds) = (stop.clone(), holds.clone());
                 tasks.push(tokio::spawn(async move {
@@ -72,6 +75,7 @@ impl Contenders {
                             Err(error) => return Err(error),
                         };
                         holds.lock().unwrap().push(Held {
+                            contender,
                             token,
                             acquired,
                             released,
