@@ -122,10 +122,10 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::mpsc;
 
 use crate::error::Result;
 use crate::name::{LockName, Owner};
+use crate::wake_queue;
 
 /// A store that keeps the state of fair locks: the atomic steps of a lock's state machine.
 ///
@@ -626,7 +626,7 @@ pub enum Wake {
 /// finds it, and can attach a registration value that is dropped with the watch (to
 /// unsubscribe, for example).
 pub struct Watch {
-    receiver: mpsc::UnboundedReceiver<Wake>,
+    receiver: wake_queue::Receiver,
     // Held only for its Drop: it unregisters the watch from the backend.
     _registration: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -634,7 +634,7 @@ pub struct Watch {
 impl Watch {
     /// A new watch and the sender that wakes it.
     pub fn channel() -> (WakeSender, Watch) {
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (sender, receiver) = wake_queue::queue();
         (
             WakeSender(sender),
             Watch {
@@ -668,12 +668,12 @@ impl fmt::Debug for Watch {
 
 /// Sends wake-ups to one [`Watch`].
 #[derive(Clone, Debug)]
-pub struct WakeSender(mpsc::UnboundedSender<Wake>);
+pub struct WakeSender(wake_queue::Sender);
 
 impl WakeSender {
     /// Delivers `wake`; returns `false` if the watch is gone.
     pub fn send(&self, wake: Wake) -> bool {
-        self.0.send(wake).is_ok()
+        self.0.send(wake)
     }
 
     /// Whether the watch has been dropped (the sender can be discarded).

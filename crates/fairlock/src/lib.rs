@@ -54,6 +54,7 @@ mod name;
 mod options;
 mod telemetry;
 mod waiting;
+mod wake_queue;
 
 pub use backend::{
     AttemptId, Capabilities, HolderState, LockBackend, LockState, LockSummary, WaiterState,
