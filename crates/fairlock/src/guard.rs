@@ -320,12 +320,17 @@ impl LockGuard {
     /// future is dropped before it completes, the release is sent again from a background
     /// task on the runtime the lock was acquired on: releasing is harmless to repeat, so the
     /// lock is released all the same.
-    pub async fn unlock(mut self) -> Result<()> {
-        let release = self.end_level();
-        // This guard's share of the hold ends now, not when the reply comes.
-        drop(self);
+    pub async fn unlock(self) -> Result<()> {
+        // This guard's share of the hold ends now, not when the reply comes. Both copies of
+        // the release are made in a block, so the guard is not kept, and neither is a copy
+        // that was only borrowed (see "Memory" in `waiting.rs`).
+        let (release, copy) = {
+            let mut guard = self;
+            let release = guard.end_level();
+            (release.clone(), release)
+        };
         // Until the release has run to completion, dropping this future re-sends it.
-        let mut unfinished = Unfinished(Some(release.clone()));
+        let mut unfinished = Unfinished(Some(copy));
         let result = release.run(false).await;
         unfinished.0 = None;
         result

@@ -19,7 +19,15 @@
 //! grant, or a level granted by a call whose reply never came) and remembers that it ended,
 //! so a request of it that arrives later changes nothing. So an `acquire` call needs no task
 //! of its own: dropping it halfway is undone the same way.
+//!
+//! Memory: a waiting caller's future lives as long as it waits, and a process may have tens of
+//! thousands of them, so what it holds while it waits is kept small. A future is as large as
+//! its largest state, so the steps that last a moment (a call to the store, giving up after a
+//! timeout, a pause in an outage) are boxed: they take their memory when they run, not for
+//! the whole wait. `tests/future_size.rs` keeps the bound.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,17 +71,26 @@ const HANDOVER_MARGIN_DIVISOR: u32 = 10;
 
 pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<LockGuard> {
     let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+    let started = Instant::now();
+    let deadline = match wait {
+        Wait::No | Wait::AtMost(Duration::ZERO) | Wait::Forever => None,
+        Wait::AtMost(wait) => Some(started + wait),
+    };
+    let waits = !matches!(wait, Wait::No | Wait::AtMost(Duration::ZERO));
+    // The attempt lives here, not in `acquire_inner`'s future, which borrows it: one copy of
+    // it in the waiting future, not two (an async fn keeps its arguments apart from its
+    // locals).
+    let mut attempt = Attempt::new(shared.clone(), runtime, started, deadline);
     let span = info_span!(
         "fairlock.acquire",
         lock = %shared.name,
         owner = %shared.owner,
-        attempt = tracing::field::Empty,
+        attempt = %attempt.id,
         token = tracing::field::Empty
     );
-    let started = Instant::now();
     // Counted as `cancelled` if this future is dropped before the outcome is known.
     let acquiring = Acquiring::start(&shared.meter, started);
-    let result = acquire_inner(shared, wait, runtime, started)
+    let result = acquire_inner(&mut attempt, waits)
         .instrument(span.clone())
         .await;
     acquiring.finish(acquire_outcome(
@@ -98,66 +115,14 @@ pub(crate) async fn acquire(shared: &Arc<LockShared>, wait: Wait) -> Result<Lock
     result
 }
 
-async fn acquire_inner(
-    shared: &Arc<LockShared>,
-    wait: Wait,
-    runtime: Handle,
-    started: Instant,
-) -> Result<LockGuard> {
-    let lease = shared.options.effective_lease();
-    let mut attempt = Attempt::new(shared.clone(), runtime);
-    tracing::Span::current().record("attempt", tracing::field::display(attempt.id));
-    let deadline = match wait {
-        Wait::No | Wait::AtMost(Duration::ZERO) | Wait::Forever => None,
-        Wait::AtMost(wait) => Some(started + wait),
-    };
-    let timed_out = |attempt: Attempt| async move {
-        // The wait ended while the store had not answered a call for a while: it is the
-        // store that failed, not the lock that was busy.
-        let wait = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(started));
-        let silence = STORE_SILENCE.max(wait / 4);
-        let silent = attempt
-            .calling_since
-            .map(|since| since.elapsed())
-            .filter(|silent| *silent >= silence)
-            .or(attempt.failing.then_some(Duration::ZERO));
-        // Leave the queue before reporting, so the caller usually sees a clean state; but a
-        // slow store must not stretch the caller's bound by more than a small slack: the
-        // clean-up goes on in the background.
-        if let Some(cleanup) = attempt.abandon() {
-            let _ = tokio::time::timeout(TIMEOUT_SLACK, cleanup).await;
-        }
-        match silent {
-            Some(silent) => Err(Error::Unavailable {
-                backend: "fairlock",
-                endpoint: "the lock store".to_owned(),
-                source: if silent.is_zero() {
-                    format!(
-                        "the store was failing when the wait for lock {:?} ended",
-                        shared.name.as_str()
-                    )
-                } else {
-                    format!(
-                        "no answer for {silent:?} when the wait for lock {:?} ended",
-                        shared.name.as_str()
-                    )
-                }
-                .into(),
-            }),
-            None => Err(Error::Timeout {
-                name: shared.name.to_string(),
-                waited: started.elapsed(),
-            }),
-        }
-    };
+/// The acquire loop, for `attempt`; `waits`: the caller is prepared to queue.
+async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> {
+    let shared = &attempt.shared.clone();
 
     // First a call that never queues: a free lock with nobody waiting is granted in one round
     // trip, without registering for wake-ups. Only a caller that must wait registers, and it
-    // does so before the call that queues it, so no wake-up can slip between the two.
-    let waits = !matches!(wait, Wait::No | Wait::AtMost(Duration::ZERO));
-    let heartbeat = shared.options.waiter_ttl / 3;
-    // A caller that waits rides out a store that fails transiently, within its outage budget.
-    let mut outage = Outage::new(shared.options.outage_budget, heartbeat);
+    // does so before the call that queues it, so no wake-up can slip between the two. A
+    // caller that waits rides out a store that fails transiently, within its outage budget.
     //
     // Except when a call through this handle had to wait a moment ago: the lock is then likely
     // still contended, so the call that does not queue would most likely be refused, and the
@@ -171,32 +136,33 @@ async fn acquire_inner(
     if !skip_try {
         loop {
             let first = loop {
-                let Some(result) = attempt.call_before(false, deadline).await else {
-                    return timed_out(attempt).await;
-                };
-                match result {
-                    Err(err) if waits && is_outage(&err) => {
-                        attempt.failing = true;
-                        let Some(pause) = outage.failed() else {
-                            return Err(err);
-                        };
-                        debug!(error = %err, ?pause, "the store failed; trying again");
-                        if !pause_before(pause, deadline).await {
-                            return timed_out(attempt).await;
-                        }
+                // The failure is taken out of a block, so the call's result is not kept
+                // across the pause (see "Memory").
+                let err = {
+                    let Some(result) = attempt.call_before(false).await else {
+                        return attempt.timed_out().await;
+                    };
+                    match result {
+                        Err(err) if waits && is_outage(&err) => err,
+                        other => break other?,
                     }
-                    other => break other?,
+                };
+                if let Some(end) = attempt
+                    .ride_out(err, Some("the store failed; trying again"))
+                    .await
+                {
+                    return end;
                 }
             };
             attempt.failing = false;
-            outage.succeeded();
+            attempt.outage.succeeded();
             if let (AcquireOutcome::Granted(grant), proven) = first {
-                let Some(stale) = unusable(shared, &mut attempt, &grant, waits, deadline).await
-                else {
-                    return timed_out(attempt).await;
+                let Some(stale) = unusable(attempt, grant, waits).await else {
+                    return attempt.timed_out().await;
                 };
                 if let Some(grant) = stale? {
-                    return Ok(attempt.hold(grant, proven + lease, false));
+                    let until = proven + shared.options.effective_lease();
+                    return Ok(attempt.hold(grant, until, false));
                 }
                 // Freed. A waiting caller queues now, behind those the hold went to.
                 stale_tries += 1;
@@ -215,32 +181,29 @@ async fn acquire_inner(
 
     // From here on the caller waits: counted in `fairlock_waiting` until it returns.
     let _waiting = Waiting::start(&shared.meter);
-    let ttl = shared.options.waiter_ttl;
     let mut watch = loop {
-        let watching = shared.backend.watch(&shared.name, &shared.owner);
-        let watched = match deadline {
-            None => watching.await,
-            Some(deadline) => match timeout_at(deadline, watching).await {
-                Ok(watched) => watched,
-                Err(_elapsed) => return timed_out(attempt).await,
-            },
-        };
-        match watched {
-            Ok(watch) => break watch,
-            Err(err) if is_outage(&err) => {
-                attempt.failing = true;
-                let Some(pause) = outage.failed() else {
-                    return Err(err);
-                };
-                if !pause_before(pause, deadline).await {
-                    return timed_out(attempt).await;
-                }
+        let err = {
+            let watching = shared.backend.watch(&shared.name, &shared.owner);
+            let watched = match attempt.deadline {
+                None => watching.await,
+                // Boxed: a moment's step (see "Memory" in the module docs).
+                Some(deadline) => match Box::pin(timeout_at(deadline, watching)).await {
+                    Ok(watched) => watched,
+                    Err(_elapsed) => return attempt.timed_out().await,
+                },
+            };
+            match watched {
+                Ok(watch) => break watch,
+                Err(err) if is_outage(&err) => err,
+                Err(err) => return Err(err),
             }
-            Err(err) => return Err(err),
+        };
+        if let Some(end) = attempt.ride_out(err, None).await {
+            return end;
         }
     };
     attempt.failing = false;
-    outage.succeeded();
+    attempt.outage.succeeded();
     let mut watch_open = true;
     let mut renewed = 0;
     // Whether a call of this wait was queued (or refused, without `skip_try`): a grant after
@@ -248,85 +211,98 @@ async fn acquire_inner(
     let mut waited = !skip_try;
     loop {
         let sent = Instant::now();
-        let Some(outcome) = attempt.call_before(true, deadline).await else {
-            return timed_out(attempt).await;
-        };
-        let outcome = match outcome {
-            // The store failed: try again soon as the same attempt, so the place in the queue
-            // is kept if the store is back within the waiter TTL.
-            Err(err) if is_outage(&err) => {
-                attempt.failing = true;
-                let Some(pause) = outage.failed() else {
-                    return Err(err);
-                };
-                debug!(error = %err, ?pause, "the store failed while waiting; trying again");
-                if !pause_before(pause, deadline).await {
-                    return timed_out(attempt).await;
-                }
-                continue;
-            }
-            other => other?,
-        };
-        // A spent attempt right after a failed call is the backend having ended it (a grant
-        // it could not stand behind, e.g. unacknowledged by replicas): still the same outage,
-        // and no sign of a backend refusing fresh attempts.
-        let after_outage = attempt.failing;
-        attempt.failing = false;
-        if !(after_outage && matches!(outcome, (AcquireOutcome::Busy, _))) {
-            outage.succeeded();
-        }
-        let (retry_after, last_token) = match outcome {
-            (AcquireOutcome::Granted(grant), proven) => {
-                let grant = match unusable(shared, &mut attempt, &grant, waits, deadline).await {
-                    None => return timed_out(attempt).await,
-                    Some(Ok(Some(grant))) => grant,
-                    // Freed: queue anew, behind those the freed hold went to.
-                    Some(Ok(None)) => continue,
-                    Some(Err(err)) => return Err(err),
-                };
-                if waited {
-                    if grant.hold_count == 1 {
-                        shared.meter.handover("recheck");
+        // In a block of its own, so the outcome is not kept while waiting (see "Memory").
+        let (retry_after, last_token) = {
+            let Some(outcome) = attempt.call_before(true).await else {
+                return attempt.timed_out().await;
+            };
+            let outcome = match outcome {
+                // The store failed: try again soon as the same attempt, so the place in the queue
+                // is kept if the store is back within the waiter TTL.
+                Err(err) if is_outage(&err) => {
+                    if let Some(end) = attempt
+                        .ride_out(err, Some("the store failed while waiting; trying again"))
+                        .await
+                    {
+                        return end;
                     }
-                    note_wait(shared);
+                    continue;
                 }
-                return Ok(attempt.hold(grant, proven + lease, false));
+                other => other?,
+            };
+            // A spent attempt right after a failed call is the backend having ended it (a grant
+            // it could not stand behind, e.g. unacknowledged by replicas): still the same outage,
+            // and no sign of a backend refusing fresh attempts.
+            let after_outage = attempt.failing;
+            attempt.failing = false;
+            if !(after_outage && matches!(outcome, (AcquireOutcome::Busy, _))) {
+                attempt.outage.succeeded();
             }
-            (
-                AcquireOutcome::Queued {
-                    retry_after,
-                    last_token,
-                },
-                _,
-            ) => (retry_after, last_token),
-            // This attempt is spent: a grant made to it ended before we took it (a hand-over
-            // that lapsed, a grant whose reply was lost and whose lease ran out). Go on as a
-            // fresh attempt, at the tail of the queue.
-            (AcquireOutcome::Busy, _) => {
-                if !after_outage {
-                    renewed += 1;
+            match outcome {
+                (AcquireOutcome::Granted(grant), proven) => {
+                    let grant = match unusable(attempt, grant, waits).await {
+                        None => return attempt.timed_out().await,
+                        Some(Ok(Some(grant))) => grant,
+                        // Freed: queue anew, behind those the freed hold went to.
+                        Some(Ok(None)) => continue,
+                        Some(Err(err)) => return Err(err),
+                    };
+                    if waited {
+                        if grant.hold_count == 1 {
+                            shared.meter.handover("recheck");
+                        }
+                        note_wait(shared);
+                    }
+                    return Ok(attempt.hold(
+                        grant,
+                        proven + shared.options.effective_lease(),
+                        false,
+                    ));
                 }
-                if renewed > MAX_RENEWALS {
-                    // A fresh attempt cannot be spent: the backend breaks its contract.
-                    return Err(Error::Backend {
-                        backend: "fairlock",
-                        source: "the backend refused fresh attempts to queue".into(),
-                    });
+                (
+                    AcquireOutcome::Queued {
+                        retry_after,
+                        last_token,
+                    },
+                    _,
+                ) => (retry_after, last_token),
+                // This attempt is spent: a grant made to it ended before we took it (a hand-over
+                // that lapsed, a grant whose reply was lost and whose lease ran out). Go on as a
+                // fresh attempt, at the tail of the queue.
+                (AcquireOutcome::Busy, _) => {
+                    if !after_outage {
+                        renewed += 1;
+                    }
+                    if renewed > MAX_RENEWALS {
+                        // A fresh attempt cannot be spent: the backend breaks its contract.
+                        return Err(Error::Backend {
+                            backend: "fairlock",
+                            source: "the backend refused fresh attempts to queue".into(),
+                        });
+                    }
+                    attempt.renew();
+                    continue;
                 }
-                attempt.renew();
-                continue;
             }
         };
         renewed = 0;
         waited = true;
         note_wait(shared);
-        let mut next_check = sent + heartbeat;
+        let mut next_check = sent + heartbeat(shared);
         if let Some(retry_after) = retry_after {
             next_check = next_check.min(Instant::now() + retry_after);
         }
         // Our place is kept by the store until at least `sent + ttl`, and a hand-over made to
         // us lasts `ttl` from when it was made, which is later still.
+        let ttl = shared.options.waiter_ttl;
         let handover_safe_until = sent + ttl - ttl / HANDOVER_MARGIN_DIVISOR;
+        // One timer for both: the next check, or the deadline if that comes first.
+        let timer = attempt
+            .deadline
+            .map_or(next_check, |deadline| deadline.min(next_check));
+        let timed_out = attempt
+            .deadline
+            .is_some_and(|deadline| deadline < next_check);
         loop {
             tokio::select! {
                 biased;
@@ -348,9 +324,11 @@ async fn acquire_inner(
                     Some(Wake::Recheck) => break,
                     None => watch_open = false,
                 },
-                _ = sleep_until(next_check) => break,
-                _ = sleep_until(deadline.unwrap_or(next_check)), if deadline.is_some() => {
-                    return timed_out(attempt).await;
+                () = sleep_until(timer) => {
+                    if timed_out {
+                        return attempt.timed_out().await;
+                    }
+                    break;
                 }
             }
         }
@@ -367,75 +345,86 @@ const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 /// the attempt, and the caller queues anew. A grant with a stale level found while other
 /// calls of the handle are under way is used (freeing it would take their levels too).
 /// Waiting callers ride out a failing store within the outage budget, others do not; no
-/// caller waits past `deadline` (`None` when it is reached: the caller times out).
-async fn unusable(
-    shared: &Arc<LockShared>,
+/// caller waits past the attempt's deadline (`None` when it is reached: the caller times
+/// out). Boxed: it runs once per grant (see "Memory" in the module docs).
+fn unusable(
     attempt: &mut Attempt,
-    grant: &Grant,
+    grant: Grant,
     waits: bool,
-    deadline: Option<Instant>,
-) -> Option<Result<Option<Grant>>> {
-    let patience = match deadline {
-        Some(deadline) => {
-            FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
-        }
-        None => FINISHING_PATIENCE,
-    };
-    let mut grant = *grant;
-    if shared.levels.recount(grant.hold_count, patience).await {
-        // Count again now that the handle's releases are done: the same attempt asked again
-        // gets the same grant and the hold's current count (the store changes nothing).
-        match attempt.call(false).await {
-            Ok((AcquireOutcome::Granted(again), _)) if again.token == grant.token => grant = again,
-            // The grant ended meanwhile, or the store failed: queue anew.
-            _ => {
-                attempt.renew();
-                return Some(Ok(None));
+) -> BoxedStep<'_, Option<Result<Option<Grant>>>> {
+    Box::pin(async move {
+        let shared = &attempt.shared.clone();
+        let deadline = attempt.deadline;
+        let patience = match deadline {
+            Some(deadline) => {
+                FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
+            }
+            None => FINISHING_PATIENCE,
+        };
+        let mut grant = grant;
+        if shared.levels.recount(grant.hold_count, patience).await {
+            // Count again now that the handle's releases are done: the same attempt asked
+            // again gets the same grant and the hold's current count (the store changes
+            // nothing).
+            match attempt.call(false).await {
+                Ok((AcquireOutcome::Granted(again), _)) if again.token == grant.token => {
+                    grant = again
+                }
+                // The grant ended meanwhile, or the store failed: queue anew.
+                _ => {
+                    attempt.renew();
+                    return Some(Ok(None));
+                }
             }
         }
-    }
-    match shared
-        .levels
-        .check(grant.token, grant.hold_count, patience)
-        .await
-    {
-        Stale::No => Some(Ok(Some(grant))),
-        Stale::Kept => {
-            debug!(
-                token = grant.token,
-                hold_count = grant.hold_count,
-                "the hold has a level nobody will release; other calls are under way, so it stays"
-            );
-            Some(Ok(Some(grant)))
+        match shared
+            .levels
+            .check(grant.token, grant.hold_count, patience)
+            .await
+        {
+            Stale::No => Some(Ok(Some(grant))),
+            Stale::Kept => {
+                debug!(
+                    token = grant.token,
+                    hold_count = grant.hold_count,
+                    "the hold has a level nobody will release; other calls are under way, so it stays"
+                );
+                Some(Ok(Some(grant)))
+            }
+            Stale::Free => {
+                warn!(
+                    lock = %shared.name,
+                    owner = %shared.owner,
+                    token = grant.token,
+                    hold_count = grant.hold_count,
+                    "fairlock: the hold has a level this handle no longer has (a release or abandon \
+                     the store lost or never got); freeing that hold instead of re-entering it"
+                );
+                // The attempt's own level goes with the hold; its id is spent.
+                attempt.renew();
+                let budget = if waits {
+                    shared.options.outage_budget
+                } else {
+                    Duration::ZERO
+                };
+                let freeing = retry_within(budget, || {
+                    shared.backend.force_release(&shared.name, grant.token)
+                });
+                let (freed, _) = match deadline {
+                    None => freeing.await,
+                    Some(deadline) => timeout_at(deadline, freeing).await.ok()?,
+                };
+                // A failure is returned as it is: the token stays doomed, so retrying would
+                // only find the same hold again while the store refuses to free it.
+                Some(freed.map(|_| None))
+            }
         }
-        Stale::Free => {
-            warn!(
-                lock = %shared.name,
-                owner = %shared.owner,
-                token = grant.token,
-                hold_count = grant.hold_count,
-                "fairlock: the hold has a level this handle no longer has (a release or abandon \
-                 the store lost or never got); freeing that hold instead of re-entering it"
-            );
-            // The attempt's own level goes with the hold; its id is spent.
-            attempt.renew();
-            let budget = if waits {
-                shared.options.outage_budget
-            } else {
-                Duration::ZERO
-            };
-            let freeing = retry_within(budget, || {
-                shared.backend.force_release(&shared.name, grant.token)
-            });
-            let (freed, _) = match deadline {
-                None => freeing.await,
-                Some(deadline) => timeout_at(deadline, freeing).await.ok()?,
-            };
-            // A failure is returned as it is: the token stays doomed, so retrying would only
-            // find the same hold again while the store refuses to free it.
-            Some(freed.map(|_| None))
-        }
-    }
+    })
+}
+
+/// How often a waiter calls the store again without a wake-up: its heartbeat.
+fn heartbeat(shared: &LockShared) -> Duration {
+    shared.options.waiter_ttl / 3
 }
 
 /// How long after a call through a handle had to wait the next call through it registers and
@@ -518,6 +507,12 @@ struct Attempt {
     shared: Arc<LockShared>,
     runtime: Handle,
     id: AttemptId,
+    /// When the caller called.
+    started: Instant,
+    /// When the caller gives up, if it does.
+    deadline: Option<Instant>,
+    /// How long the store has been failing, for a caller that rides it out.
+    outage: Outage,
     /// A call was sent: the store may know this attempt (queued, pending, or granted by a
     /// call whose reply we never saw), so ending without a guard must abandon it.
     sent: bool,
@@ -535,12 +530,20 @@ struct Attempt {
 }
 
 impl Attempt {
-    fn new(shared: Arc<LockShared>, runtime: Handle) -> Self {
+    fn new(
+        shared: Arc<LockShared>,
+        runtime: Handle,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Self {
         Attempt {
+            outage: Outage::new(shared.options.outage_budget, heartbeat(&shared)),
             ticket: shared.levels.register(),
             shared,
             runtime,
             id: AttemptId::random(),
+            started,
+            deadline,
             sent: false,
             calling_since: None,
             failing: false,
@@ -578,30 +581,32 @@ impl Attempt {
         outcome
     }
 
-    /// [`Attempt::call`], given up (`None`) if `deadline` passes first.
-    async fn call_before(
+    /// [`Attempt::call`], given up (`None`) if the deadline passes first. Boxed (see
+    /// "Memory" in the module docs).
+    fn call_before(
         &mut self,
         queue: bool,
-        deadline: Option<Instant>,
-    ) -> Option<Result<(AcquireOutcome, Instant)>> {
-        match deadline {
-            None => Some(self.call(queue).await),
-            Some(deadline) => {
-                let outcome = timeout_at(deadline, self.call(queue)).await.ok();
-                if outcome.is_none() {
-                    // Given up in flight: its outcome is unknown.
-                    if let Some(sent) = self.calling_since {
-                        self.unknown_since.get_or_insert(sent);
+    ) -> BoxedStep<'_, Option<Result<(AcquireOutcome, Instant)>>> {
+        Box::pin(async move {
+            match self.deadline {
+                None => Some(self.call(queue).await),
+                Some(deadline) => {
+                    let outcome = timeout_at(deadline, self.call(queue)).await.ok();
+                    if outcome.is_none() {
+                        // Given up in flight: its outcome is unknown.
+                        if let Some(sent) = self.calling_since {
+                            self.unknown_since.get_or_insert(sent);
+                        }
                     }
+                    outcome
                 }
-                outcome
             }
-        }
+        })
     }
 
     /// We hold the lock now, surely until `until`: the guard ends the attempt from here on.
     /// `confirm`: the grant is a hand-over the store has not seen confirmed yet.
-    fn hold(mut self, grant: Grant, until: Instant, confirm: bool) -> LockGuard {
+    fn hold(&mut self, grant: Grant, until: Instant, confirm: bool) -> LockGuard {
         self.finished = true;
         LockGuard::new(
             self.shared.clone(),
@@ -625,9 +630,77 @@ impl Attempt {
         tracing::Span::current().record("attempt", tracing::field::display(self.id));
     }
 
-    /// Ends the attempt in the store, in a background task.
-    fn abandon(mut self) -> Option<JoinHandle<()>> {
-        self.start_cleanup()
+    /// A call failed transiently (the store is unreachable or failing over): pauses before
+    /// the next try, logging `log` if given. Returns what the caller must return instead, if
+    /// anything: the error once the store has failed for the whole outage budget, or the
+    /// time-out if the deadline comes first. Boxed (see "Memory" in the module docs).
+    fn ride_out(
+        &mut self,
+        err: Error,
+        log: Option<&'static str>,
+    ) -> BoxedStep<'_, Option<Result<LockGuard>>> {
+        Box::pin(async move {
+            self.failing = true;
+            let Some(pause) = self.outage.failed() else {
+                return Some(Err(err));
+            };
+            if let Some(message) = log {
+                debug!(error = %err, ?pause, "{message}");
+            }
+            drop(err);
+            if pause_before(pause, self.deadline).await {
+                None
+            } else {
+                Some(self.timed_out().await)
+            }
+        })
+    }
+
+    /// The wait ran out: ends the attempt, and says why. Boxed: it runs once, at the end (see
+    /// "Memory" in the module docs).
+    fn timed_out(&mut self) -> BoxedStep<'_, Result<LockGuard>> {
+        Box::pin(async move {
+            // The wait ended while the store had not answered a call for a while: it is the
+            // store that failed, not the lock that was busy.
+            let wait = self.deadline.map_or(Duration::ZERO, |d| {
+                d.saturating_duration_since(self.started)
+            });
+            let silence = STORE_SILENCE.max(wait / 4);
+            let silent = self
+                .calling_since
+                .map(|since| since.elapsed())
+                .filter(|silent| *silent >= silence)
+                .or(self.failing.then_some(Duration::ZERO));
+            // Leave the queue before reporting, so the caller usually sees a clean state; but a
+            // slow store must not stretch the caller's bound by more than a small slack: the
+            // clean-up goes on in the background.
+            if let Some(cleanup) = self.start_cleanup() {
+                let _ = tokio::time::timeout(TIMEOUT_SLACK, cleanup).await;
+            }
+            let name = &self.shared.name;
+            match silent {
+                Some(silent) => Err(Error::Unavailable {
+                    backend: "fairlock",
+                    endpoint: "the lock store".to_owned(),
+                    source: if silent.is_zero() {
+                        format!(
+                            "the store was failing when the wait for lock {:?} ended",
+                            name.as_str()
+                        )
+                    } else {
+                        format!(
+                            "no answer for {silent:?} when the wait for lock {:?} ended",
+                            name.as_str()
+                        )
+                    }
+                    .into(),
+                }),
+                None => Err(Error::Timeout {
+                    name: name.to_string(),
+                    waited: self.started.elapsed(),
+                }),
+            }
+        })
     }
 
     fn start_cleanup(&mut self) -> Option<JoinHandle<()>> {
@@ -727,6 +800,10 @@ async fn pause_before(pause: Duration, deadline: Option<Instant>) -> bool {
     }
 }
 
+/// A step of the wait that lasts a moment, boxed so that the waiting future does not carry its
+/// state for the whole wait.
+type BoxedStep<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// How often a call that is harmless to repeat (`release`, `abandon`) is tried when the store
 /// fails transiently, and the first pause between tries (doubling).
 const RETRIES: u32 = 5;
@@ -745,7 +822,9 @@ where
     let mut outage = Outage::new(budget, Duration::from_secs(1));
     let mut tries = 1;
     loop {
-        match call().await {
+        // The pause is worked out in a statement of its own, so the error is gone before the
+        // sleep (see "Memory" above).
+        let pause = match call().await {
             Err(err) if is_outage(&err) => {
                 let pause = match outage.failed() {
                     Some(pause) => pause,
@@ -754,11 +833,13 @@ where
                     None => return (Err(err), tries > 1),
                 };
                 debug!(error = %err, tries, ?pause, "the store failed; trying again");
-                tokio::time::sleep(pause).await;
-                tries += 1;
+                pause
             }
             other => return (other, tries > 1),
-        }
+        };
+        // Boxed: `unlock()` awaits this, and seldom pauses.
+        Box::pin(tokio::time::sleep(pause)).await;
+        tries += 1;
     }
 }
 
