@@ -23,6 +23,8 @@ pub(crate) struct Config {
     pub(crate) only: Vec<SectionKey>,
     pub(crate) pool_size: usize,
     pub(crate) out: Option<PathBuf>,
+    /// How many waiters section 7 (resources) starts before it waits for them to be queued.
+    pub(crate) waiter_wave: usize,
 }
 
 /// The round trips everything else is compared with (section 1).

@@ -32,6 +32,11 @@ struct Cli {
     /// Where to write the JSON report (default: `<target dir>/bench`).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Section 7 (resources) starts its waiters this many at a time, each wave queued before
+    /// the next; 10000 starts them all at once, as before (the client's memory per waiter then
+    /// includes what the allocator keeps from 10,000 store calls in flight together).
+    #[arg(long, default_value_t = 1000)]
+    waiter_wave: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +65,7 @@ fn main() -> std::process::ExitCode {
                 only: cli.only,
                 pool_size: cli.pool_size.max(1),
                 out: cli.out,
+                waiter_wave: cli.waiter_wave.max(1),
             };
             runtime
                 .block_on(bench::run(config))
