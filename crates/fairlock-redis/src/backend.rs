@@ -1,6 +1,6 @@
 //! [`LockBackend`] for [`RedisBackend`]: each method runs one script and reads its reply.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +10,8 @@ use fairlock::backend::{
 };
 use fairlock::{Error, LockName, Owner, Result};
 use fred::clients::Client;
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientInterface, ClientLike};
+use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use futures::TryStreamExt;
 
@@ -33,6 +34,13 @@ fn bad_reply(script: &str, reply: impl std::fmt::Debug) -> Error {
     }
 }
 
+/// Where a script was sent: the pooled client, and (only when replicas must acknowledge) the
+/// client's connections just before (server -> `CLIENT ID`).
+struct Sent {
+    client: Client,
+    connections: Option<HashMap<Server, i64>>,
+}
+
 impl RedisBackend {
     fn keys(&self, name: &str) -> LockKeys {
         LockKeys::new(&self.inner.prefix, name)
@@ -48,20 +56,28 @@ impl RedisBackend {
         Ok(self.run_on(script, keys, lock, args).await?.0)
     }
 
-    /// Runs `script` on the next pooled connection; its reply and that connection.
+    /// Runs `script` on the next pooled connection; its reply and where it was sent.
     async fn run_on(
         &self,
         script: &Script,
         keys: &LockKeys,
         lock: &str,
         args: Vec<String>,
-    ) -> Result<(Value, Client)> {
+    ) -> Result<(Value, Sent)> {
         let client = self.inner.pool.next();
+        // Read before the script is sent: a reconnection after this point changes it.
+        let connections = self.inner.replica_acks.map(|_| client.connection_ids());
         let reply = script
             .run(client, keys.as_vec(), args)
             .await
             .map_err(|e| self.map_error(e, Some(lock)))?;
-        Ok((reply, client.clone()))
+        Ok((
+            reply,
+            Sent {
+                client: client.clone(),
+                connections,
+            },
+        ))
     }
 
     fn map_error(&self, error: fred::error::Error, lock: Option<&str>) -> Error {
@@ -75,20 +91,38 @@ impl RedisBackend {
     }
 
     /// With [`replicas_acked`](crate::RedisBackendBuilder::replicas_acked): waits until the
-    /// configured number of replicas acknowledged every write made so far on `client`'s
-    /// connection to the lock's node (`WAIT`, sent after the script on the same connection),
-    /// and fails with `Unavailable` if they do not in time. Without it, does nothing.
-    async fn acknowledged(&self, client: &Client, name: &str, what: &str) -> Result<()> {
+    /// configured number of replicas acknowledged every write made so far on the connection
+    /// the script was `sent` on (`WAIT`, sent after the script on the same connection), and
+    /// fails with `Unavailable` if they do not in time. Without it, does nothing.
+    ///
+    /// `WAIT` only speaks for writes made on its own connection. fred sends a command again on
+    /// a new connection when the old one breaks, perhaps to another server (a new primary):
+    /// there `WAIT` answers for that server's writes, not for the script's. So an answer only
+    /// counts if the client's connections are the ones it had before the script was sent
+    /// (their `CLIENT ID`s, which a new connection changes).
+    async fn acknowledged(&self, sent: &Sent, name: &str, what: &str) -> Result<()> {
         let Some(acks) = self.inner.replica_acks else {
             return Ok(());
         };
         let slot = fred::util::redis_keyslot(self.keys(name).holder.as_bytes());
         let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(slot), false);
         let timeout = acks.timeout.as_millis().max(1).to_string();
-        let acked: i64 = client
+        let acked: i64 = sent
+            .client
             .custom(command, vec![acks.replicas.to_string(), timeout])
             .await
             .map_err(|e| self.map_error(e, Some(name)))?;
+        let now = sent.client.connection_ids();
+        if sent.connections.as_ref() != Some(&now) || now.is_empty() {
+            return Err(error::unavailable(
+                &self.inner.endpoint,
+                format!(
+                    "{what} on lock {name:?} not known to be acknowledged: the connection \
+                     changed between the change and its `WAIT` (a reconnection, perhaps to \
+                     another server)"
+                ),
+            ));
+        }
         if acked >= i64::from(acks.replicas) {
             return Ok(());
         }
@@ -118,10 +152,10 @@ impl RedisBackend {
         script: &Script,
         name: &str,
         args: Vec<String>,
-    ) -> Result<(String, Client)> {
-        let (reply, client) = self.run_on(script, &self.keys(name), name, args).await?;
+    ) -> Result<(String, Sent)> {
+        let (reply, sent) = self.run_on(script, &self.keys(name), name, args).await?;
         match reply.as_string() {
-            Some(text) => Ok((text, client)),
+            Some(text) => Ok((text, sent)),
             None => Err(bad_reply(script.name, reply)),
         }
     }
@@ -129,8 +163,8 @@ impl RedisBackend {
     /// [`acknowledged`](Self::acknowledged) for a change nobody relies on being kept: a
     /// failover that loses it only delays others (a lost release looks like a hold until its
     /// lease ends), so a missing acknowledgement is logged, not returned.
-    async fn warn_unless_acknowledged(&self, client: &Client, name: &str, what: &str) {
-        if let Err(error) = self.acknowledged(client, name, what).await {
+    async fn warn_unless_acknowledged(&self, sent: &Sent, name: &str, what: &str) {
+        if let Err(error) = self.acknowledged(sent, name, what).await {
             tracing::warn!(lock = name, %error, "fairlock-redis: change not acknowledged by the replicas");
         }
     }
@@ -273,10 +307,10 @@ impl LockBackend for RedisBackend {
             millis(RESEND_HORIZON),
         ];
         args.extend(self.trailer(name));
-        let (reply, client) = self.run_for_text_on(script, name, args).await?;
+        let (reply, sent) = self.run_for_text_on(script, name, args).await?;
         let outcome = parse_acquire(&reply).ok_or_else(|| bad_reply(script.name, reply))?;
         if matches!(outcome, AcquireOutcome::Granted(_)) {
-            if let Err(error) = self.acknowledged(&client, name, "a grant").await {
+            if let Err(error) = self.acknowledged(&sent, name, "a grant").await {
                 // Not handed out unacknowledged: a failover could give the lock to another
                 // while this caller believed it held. Best effort; the lease bounds it else.
                 let _ = self
@@ -303,9 +337,9 @@ impl LockBackend for RedisBackend {
             millis(RESEND_HORIZON),
         ];
         args.extend(self.trailer(name.as_str()));
-        let (reply, client) = self.run_for_text_on(script, name.as_str(), args).await?;
+        let (reply, sent) = self.run_for_text_on(script, name.as_str(), args).await?;
         let outcome = parse_release(&reply).ok_or_else(|| bad_reply(script.name, reply))?;
-        self.warn_unless_acknowledged(&client, name.as_str(), "a release")
+        self.warn_unless_acknowledged(&sent, name.as_str(), "a release")
             .await;
         Ok(outcome)
     }
@@ -320,11 +354,10 @@ impl LockBackend for RedisBackend {
         let script = &self.scripts().await?.extend;
         let mut args = vec![owner.as_str().to_owned(), token.to_string(), millis(lease)];
         args.extend(self.trailer(name.as_str()));
-        let (reply, client) = self.run_for_text_on(script, name.as_str(), args).await?;
+        let (reply, sent) = self.run_for_text_on(script, name.as_str(), args).await?;
         match reply.as_str() {
             "1" => {
-                self.acknowledged(&client, name.as_str(), "a renewal")
-                    .await?;
+                self.acknowledged(&sent, name.as_str(), "a renewal").await?;
                 Ok(true)
             }
             "0" => Ok(false),
@@ -340,10 +373,10 @@ impl LockBackend for RedisBackend {
             millis(RESEND_HORIZON),
         ];
         args.extend(self.trailer(name.as_str()));
-        let (reply, client) = self.run_for_text_on(script, name.as_str(), args).await?;
+        let (reply, sent) = self.run_for_text_on(script, name.as_str(), args).await?;
         match reply.as_str() {
             "OK" => {
-                self.warn_unless_acknowledged(&client, name.as_str(), "an abandoned attempt")
+                self.warn_unless_acknowledged(&sent, name.as_str(), "an abandoned attempt")
                     .await;
                 Ok(())
             }

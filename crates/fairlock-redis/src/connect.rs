@@ -139,8 +139,11 @@ impl RedisBackendBuilder {
     ///
     /// Hand-overs are not trusted from their wake-up message alone: the grantee confirms with
     /// a call that waits for the acknowledgement. Joining the queue and heart-beating are not
-    /// waited for (a failover may reorder waiters, never grant twice). Each acknowledged
-    /// change costs one more round trip plus the replication delay.
+    /// waited for (a failover may reorder waiters, never grant twice). An acknowledgement
+    /// only counts if it came on the connection the change was made on: if that connection
+    /// breaks in between (and the `WAIT` goes to a new one, perhaps a new primary), the change
+    /// is treated as not acknowledged. Each acknowledged change costs one more round trip
+    /// plus the replication delay.
     pub fn replicas_acked(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = (replicas > 0).then_some(ReplicaAcks {
             replicas,

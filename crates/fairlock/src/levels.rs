@@ -92,42 +92,28 @@ impl OwnLevels {
     /// Whether a grant of hold `token` with `hold_count` levels, to an attempt holding one of
     /// this handle's tickets, includes a level nobody will release (or is a hold this handle
     /// set out to free); and if so, and that attempt is the handle's only one, the go-ahead
-    /// to free the hold, whose token is never accepted again. Releases and abandons still on
-    /// their way are waited for (at most `patience`) first: their levels may be in the hold.
-    pub(crate) async fn check(&self, token: u64, hold_count: u32, patience: Duration) -> Stale {
-        let mut finishing = self.finishing.subscribe();
-        let mut waited = false;
-        loop {
-            {
-                let mut state = self.state();
-                let doomed = state.doomed.contains(&token);
-                let extra = self.exclusive.load(Ordering::Relaxed)
-                    && hold_count as usize > state.outstanding;
-                if !doomed && !extra {
-                    return Stale::No;
-                }
-                let in_flight = *finishing.borrow_and_update();
-                if doomed || state.outstanding == 1 {
-                    if !state.doomed.contains(&token) {
-                        if state.doomed.len() == DOOMED_TOKENS {
-                            state.doomed.pop_front();
-                        }
-                        state.doomed.push_back(token);
-                    }
-                    return Stale::Free;
-                }
-                // Other calls of this handle may hold a level of this hold: freeing it would
-                // take theirs too. Only releases and abandons on their way are waited for.
-                if waited || state.outstanding > in_flight + 1 {
-                    return Stale::Kept;
-                }
-            }
-            waited = true;
-            let drained = finishing.wait_for(|n| *n == 0);
-            if tokio::time::timeout(patience, drained).await.is_err() {
-                return Stale::Kept;
-            }
+    /// to free the hold, whose token is never accepted again. (Releases on their way were
+    /// waited for by [`recount`](Self::recount) first.)
+    pub(crate) fn check(&self, token: u64, hold_count: u32) -> Stale {
+        let mut state = self.state();
+        let doomed = state.doomed.contains(&token);
+        let extra =
+            self.exclusive.load(Ordering::Relaxed) && hold_count as usize > state.outstanding;
+        if !doomed && !extra {
+            return Stale::No;
         }
+        if !doomed && state.outstanding > 1 {
+            // Other calls of this handle may hold a level of this hold: freeing it would take
+            // theirs too.
+            return Stale::Kept;
+        }
+        if !doomed {
+            if state.doomed.len() == DOOMED_TOKENS {
+                state.doomed.pop_front();
+            }
+            state.doomed.push_back(token);
+        }
+        Stale::Free
     }
 
     /// Whether a re-entry (`hold_count` above 1) must be counted again before it is used:

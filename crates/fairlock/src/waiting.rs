@@ -339,11 +339,12 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
 /// abandons on their way before it is judged (see `levels.rs`).
 const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
-/// Whether `grant`, just made to `attempt`, must not be used: its hold includes a level of
-/// this handle's owner that nobody will release (see `levels.rs`). Then, if the attempt is
-/// the handle's only call, frees that hold (`Ok(None)`) (it goes to the owner waiting first) and renews
-/// the attempt, and the caller queues anew. A grant with a stale level found while other
-/// calls of the handle are under way is used (freeing it would take their levels too).
+/// The grant to use, or `Ok(None)` if `grant`, just made to `attempt`, must not be used: its
+/// hold includes a level of this handle's owner that nobody will release (see `levels.rs`).
+/// Then, if the attempt is the handle's only call, frees that hold (it goes to the owner
+/// waiting first) and renews the attempt, and the caller queues anew. A grant with a stale
+/// level found while other calls of the handle are under way is used (freeing it would take
+/// their levels too).
 /// Waiting callers ride out a failing store within the outage budget, others do not; no
 /// caller waits past the attempt's deadline (`None` when it is reached: the caller times
 /// out). Boxed: it runs once per grant (see "Memory" in the module docs).
@@ -377,11 +378,7 @@ fn unusable(
                 }
             }
         }
-        match shared
-            .levels
-            .check(grant.token, grant.hold_count, patience)
-            .await
-        {
+        match shared.levels.check(grant.token, grant.hold_count) {
             Stale::No => Some(Ok(Some(grant))),
             Stale::Kept => {
                 debug!(
