@@ -10,8 +10,8 @@ use fairlock::backend::{
 };
 use fairlock::{Error, LockName, Owner, Result};
 use fred::clients::Client;
-use fred::interfaces::{ClientInterface, ClientLike};
-use fred::types::config::Server;
+use fred::interfaces::{ClientInterface, ClientLike, ClusterInterface};
+use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use futures::TryStreamExt;
 
@@ -34,11 +34,30 @@ fn bad_reply(script: &str, reply: impl std::fmt::Debug) -> Error {
     }
 }
 
-/// Where a script was sent: the pooled client, and (only when replicas must acknowledge) the
-/// client's connections just before (server -> `CLIENT ID`).
+/// Where a script was sent: the pooled client, and (only when replicas must acknowledge)
+/// its route just before.
 struct Sent {
     client: Client,
-    connections: Option<HashMap<Server, i64>>,
+    before: Option<Route>,
+}
+
+/// Which connections a client has (server -> `CLIENT ID`), and which node serves a slot in a
+/// Cluster: what must not change between a script and its `WAIT`.
+#[derive(Debug, PartialEq)]
+struct Route {
+    connections: HashMap<Server, i64>,
+    owner: Option<Server>,
+}
+
+impl Route {
+    fn of(client: &Client, slot: u16) -> Route {
+        Route {
+            connections: client.connection_ids(),
+            owner: client
+                .cached_cluster_state()
+                .and_then(|state| state.get_server(slot).cloned()),
+        }
+    }
 }
 
 impl RedisBackend {
@@ -65,8 +84,11 @@ impl RedisBackend {
         args: Vec<String>,
     ) -> Result<(Value, Sent)> {
         let client = self.inner.pool.next();
-        // Read before the script is sent: a reconnection after this point changes it.
-        let connections = self.inner.replica_acks.map(|_| client.connection_ids());
+        // Taken before the script is sent: a reconnection after this point changes it.
+        let before = self
+            .inner
+            .replica_acks
+            .map(|_| Route::of(client, keys.slot()));
         let reply = script
             .run(client, keys.as_vec(), args)
             .await
@@ -75,7 +97,7 @@ impl RedisBackend {
             reply,
             Sent {
                 client: client.clone(),
-                connections,
+                before,
             },
         ))
     }
@@ -95,25 +117,43 @@ impl RedisBackend {
     /// the script was `sent` on (`WAIT`, sent after the script on the same connection), and
     /// fails with `Unavailable` if they do not in time. Without it, does nothing.
     ///
-    /// `WAIT` only speaks for writes made on its own connection. fred sends a command again on
-    /// a new connection when the old one breaks, perhaps to another server (a new primary):
-    /// there `WAIT` answers for that server's writes, not for the script's. So an answer only
-    /// counts if the client's connections are the ones it had before the script was sent
-    /// (their `CLIENT ID`s, which a new connection changes).
+    /// `WAIT` only speaks for writes made on its own connection, so it must not go anywhere
+    /// else. fred would send it again on a new connection when the old one breaks (perhaps
+    /// to a new primary), and in a Cluster would route it to any node while the slot's is
+    /// unreachable: so it is sent once, to the node the slot had before the script, without
+    /// waiting for a reconnection; and its answer only counts if that node and the client's
+    /// connections (their `CLIENT ID`s, which a new connection changes) are still the ones
+    /// taken before the script was sent.
     async fn acknowledged(&self, sent: &Sent, name: &str, what: &str) -> Result<()> {
-        let Some(acks) = self.inner.replica_acks else {
+        let (Some(acks), Some(before)) = (self.inner.replica_acks, sent.before.as_ref()) else {
             return Ok(());
         };
-        let slot = fred::util::redis_keyslot(self.keys(name).holder.as_bytes());
-        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(slot), false);
+        let keys = self.keys(name);
+        if before.connections.is_empty() {
+            return Err(error::unavailable(
+                &self.inner.endpoint,
+                format!(
+                    "{what} on lock {name:?} not known to be acknowledged: the connection's \
+                     `CLIENT ID` is unknown (not connected, or `CLIENT ID` refused, e.g. by an \
+                     ACL)"
+                ),
+            ));
+        }
+        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(keys.slot()), false);
+        let options = Options {
+            max_attempts: Some(1),
+            fail_fast: true,
+            cluster_node: before.owner.clone(),
+            ..Options::default()
+        };
         let timeout = acks.timeout.as_millis().max(1).to_string();
         let acked: i64 = sent
             .client
+            .with_options(&options)
             .custom(command, vec![acks.replicas.to_string(), timeout])
             .await
             .map_err(|e| self.map_error(e, Some(name)))?;
-        let now = sent.client.connection_ids();
-        if sent.connections.as_ref() != Some(&now) || now.is_empty() {
+        if Route::of(&sent.client, keys.slot()) != *before {
             return Err(error::unavailable(
                 &self.inner.endpoint,
                 format!(

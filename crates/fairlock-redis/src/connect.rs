@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fairlock::{Error, Result};
 use fred::clients::{Pool, SubscriberClient};
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientInterface, ClientLike};
 use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
 use fred::types::Builder;
 
@@ -142,8 +142,10 @@ impl RedisBackendBuilder {
     /// waited for (a failover may reorder waiters, never grant twice). An acknowledgement
     /// only counts if it came on the connection the change was made on: if that connection
     /// breaks in between (and the `WAIT` goes to a new one, perhaps a new primary), the change
-    /// is treated as not acknowledged. Each acknowledged change costs one more round trip
-    /// plus the replication delay.
+    /// is treated as not acknowledged. The connections are told apart by their `CLIENT ID`,
+    /// so the user needs that command: [`connect`](Self::connect) fails with
+    /// [`Error::InvalidArgument`] if the server refuses it. Each acknowledged change costs
+    /// one more round trip plus the replication delay.
     pub fn replicas_acked(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = (replicas > 0).then_some(ReplicaAcks {
             replicas,
@@ -240,6 +242,24 @@ impl RedisBackendBuilder {
                     format!("no connection within {limit:?}"),
                 ))
             }
+        }
+        // An acknowledgement is only trusted on the connection its change was made on, told
+        // by its `CLIENT ID` (see `RedisBackend::acknowledged`): without it none would count.
+        if self.replica_acks.is_some()
+            && pool
+                .clients()
+                .iter()
+                .any(|client| client.connection_ids().is_empty())
+        {
+            return Err(Error::InvalidArgument {
+                what: "replicas_acked",
+                reason: format!(
+                    "{}: the server did not give the connections' ids (`CLIENT ID`, refused by \
+                     an ACL?), which acknowledgement needs to know a `WAIT` came on the \
+                     connection its change was made on",
+                    redact(&self.url)
+                ),
+            });
         }
         // Still under the clean-up guard: a caller that drops connect() here leaves nothing.
         warn_if_locks_may_be_evicted(&pool, &endpoint).await;

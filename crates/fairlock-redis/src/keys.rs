@@ -78,6 +78,11 @@ impl LockKeys {
         Some(&rest[..end])
     }
 
+    /// The Cluster hash slot all of them share.
+    pub(crate) fn slot(&self) -> u16 {
+        fred::util::redis_keyslot(self.holder.as_bytes())
+    }
+
     /// Keys in script order.
     pub(crate) fn as_vec(&self) -> Vec<String> {
         vec![

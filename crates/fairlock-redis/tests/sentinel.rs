@@ -164,6 +164,50 @@ async fn an_unacknowledged_grant_is_not_handed_out() {
     assert!(state.holder.is_none(), "left held: {state:?}");
 }
 
+/// An acknowledgement only counts on the connection its change was made on, told by the
+/// connection's `CLIENT ID`: a server that refuses `CLIENT ID` (here an ACL) would make every
+/// grant fail as unacknowledged, so `connect()` says so at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledgement_needs_client_id() {
+    let server = common::Server::start();
+    let user = [
+        "ACL",
+        "SETUSER",
+        "noid",
+        "on",
+        ">secret",
+        "~*",
+        "&*",
+        "+@all",
+        "-client|id",
+    ];
+    assert_eq!(server.cli(&user), "OK");
+    let url = format!("redis://noid:secret@127.0.0.1:{}", server.0.port());
+    let error = RedisBackend::builder(url.as_str())
+        .replicas_acked(1, Duration::from_millis(50))
+        .connect()
+        .await
+        .err()
+        .expect("connect() refuses acknowledgement without CLIENT ID");
+    assert!(
+        matches!(
+            error,
+            fairlock::Error::InvalidArgument {
+                what: "replicas_acked",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("CLIENT ID"), "{error}");
+    assert!(
+        !error.to_string().contains("secret"),
+        "the password leaked: {error}"
+    );
+    // Without acknowledgement the same user is fine.
+    RedisBackend::connect(&url).await.unwrap();
+}
+
 /// Two failovers in a row, the second of a primary that is alive (as Sentinel does when a
 /// freshly promoted primary answers its pings late; here forced with `SENTINEL FAILOVER`).
 /// The demoted primary goes on taking writes from the clients still connected to it until
