@@ -54,6 +54,9 @@ pub(crate) fn is_unreachable(error: &RedisError) -> bool {
                 || details.starts_with("TRYAGAIN")
                 // A primary demoted by a failover, until the client follows the new one.
                 || details.starts_with("READONLY")
+                // fred, for a command pinned to a node it has no connection to (the `WAIT`
+                // after a script, while that node is down).
+                || details.starts_with("Failed to route command")
         }
     }
 }
@@ -105,6 +108,17 @@ mod tests {
                 ErrorKind::Unknown,
                 "READONLY You can't write against a read only replica. script: x",
             ),
+            CONTEXT,
+        );
+        assert!(matches!(mapped, Error::Unavailable { .. }), "{mapped}");
+    }
+
+    /// fred's answer for a command pinned to a node it has no connection to (the `WAIT` of an
+    /// acknowledgement while that node is down): an outage, which `lock()` rides out.
+    #[test]
+    fn a_node_without_a_connection_is_unavailable() {
+        let mapped = map(
+            RedisError::new(ErrorKind::Unknown, "Failed to route command."),
             CONTEXT,
         );
         assert!(matches!(mapped, Error::Unavailable { .. }), "{mapped}");
