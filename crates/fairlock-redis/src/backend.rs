@@ -42,7 +42,8 @@ struct Sent {
 }
 
 /// Which connections a client has (server -> `CLIENT ID`), and which node serves a slot in a
-/// Cluster: what must not change between a script and its `WAIT`.
+/// Cluster: what must not change between a script and its `WAIT`. In a Cluster only the
+/// connection to that node counts (a reconnection to another node changes nothing for it).
 #[derive(Debug, PartialEq)]
 struct Route {
     connections: HashMap<Server, i64>,
@@ -51,12 +52,14 @@ struct Route {
 
 impl Route {
     fn of(client: &Client, slot: u16) -> Route {
-        Route {
-            connections: client.connection_ids(),
-            owner: client
-                .cached_cluster_state()
-                .and_then(|state| state.get_server(slot).cloned()),
+        let mut connections = client.connection_ids();
+        let owner = client
+            .cached_cluster_state()
+            .and_then(|state| state.get_server(slot).cloned());
+        if let Some(owner) = &owner {
+            connections.retain(|server, _| server == owner);
         }
+        Route { connections, owner }
     }
 }
 

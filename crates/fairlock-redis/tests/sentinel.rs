@@ -187,8 +187,7 @@ async fn acknowledgement_needs_client_id() {
         .replicas_acked(1, Duration::from_millis(50))
         .connect()
         .await
-        .err()
-        .expect("connect() refuses acknowledgement without CLIENT ID");
+        .expect_err("connect() refuses acknowledgement without CLIENT ID");
     assert!(
         matches!(
             error,
