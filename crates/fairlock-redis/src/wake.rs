@@ -316,10 +316,24 @@ impl Dispatcher {
 
     /// Subscribes `channel` with the command of the server's pub/sub mode (detecting it first
     /// if no one has yet).
+    ///
+    /// Returns once the server has the subscription. fred waits for `SSUBSCRIBE`'s reply, but
+    /// answers a classic `SUBSCRIBE` as soon as it is written (the server's confirmation comes
+    /// out of band): a message published right after could reach the server first and be
+    /// lost. So a classic subscribe is followed by a `PING` on the same connection, whose
+    /// reply comes after the server has run the `SUBSCRIBE`.
     async fn subscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
         match self.pubsub.mode().await? {
             PubsubMode::Sharded => self.subscriber.ssubscribe(channel).await,
-            PubsubMode::Classic => self.subscriber.subscribe(channel).await,
+            PubsubMode::Classic => {
+                self.subscriber.subscribe(channel).await?;
+                // The node fred sends classic subscriptions to in a Cluster (see fred's
+                // `cluster_hash_legacy_command`); ignored elsewhere.
+                let slot = fred::util::redis_keyslot(self.subscriber.id().as_bytes());
+                let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
+                let _: Value = self.subscriber.custom(ping, Vec::<Value>::new()).await?;
+                Ok(())
+            }
         }
     }
 

@@ -177,3 +177,48 @@ async fn detection_falls_back_when_commands_are_refused() {
     }
     assert!(calls(&server.0, "publish") > 0 && calls(&server.0, "spublish") > 0);
 }
+
+/// A watch must be subscribed on the server when `watch()` returns: the waiter registers
+/// before the call that queues it so that no wake-up slips between the two. fred answers a
+/// classic `SUBSCRIBE` as soon as it is written (its confirmation arrives out of band), so a
+/// hand-over published right after could reach the server first and be lost; the conformance
+/// suite's `hand_over` check saw that about once in twenty runs on Redis 6.2. Here many
+/// fresh channels in a row: each release must wake the head waiter's watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_watch_is_subscribed_when_it_returns() {
+    use fairlock::backend::{AcquireOutcome, Wake};
+
+    let server = start_62();
+    let backend = RedisBackend::builder(server.url())
+        .pool_size(4)
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Classic);
+    for round in 0..1000 {
+        let lock = name();
+        let (holder, waiter) = (common::owner("holder"), common::owner("waiter"));
+        let held = common::request(&lock, &holder, false);
+        let AcquireOutcome::Granted(grant) = backend.acquire(&held).await.unwrap() else {
+            panic!("a fresh lock is granted");
+        };
+        let queued = backend
+            .acquire(&common::request(&lock, &waiter, true))
+            .await
+            .unwrap();
+        assert!(
+            matches!(queued, AcquireOutcome::Queued { .. }),
+            "{queued:?}"
+        );
+        let mut watch = backend.watch(&lock, &waiter).await.unwrap();
+        backend
+            .release(&lock, &holder, grant.token, held.attempt)
+            .await
+            .unwrap();
+        let wake = tokio::time::timeout(Duration::from_secs(2), watch.recv()).await;
+        assert!(
+            matches!(wake, Ok(Some(Wake::Granted { .. } | Wake::Recheck))),
+            "round {round}: the hand-over's wake-up was lost: {wake:?}"
+        );
+    }
+}
