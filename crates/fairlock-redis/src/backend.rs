@@ -34,10 +34,11 @@ fn bad_reply(script: &str, reply: impl std::fmt::Debug) -> Error {
     }
 }
 
-/// Where a script was sent: the pooled client, and (only when replicas must acknowledge)
-/// its route just before.
+/// Where a script was sent: the pooled client, the lock's slot, and (only when replicas must
+/// acknowledge) the client's route just before.
 struct Sent {
     client: Client,
+    slot: u16,
     before: Option<Route>,
 }
 
@@ -87,11 +88,9 @@ impl RedisBackend {
         args: Vec<String>,
     ) -> Result<(Value, Sent)> {
         let client = self.inner.pool.next();
+        let slot = keys.slot();
         // Taken before the script is sent: a reconnection after this point changes it.
-        let before = self
-            .inner
-            .replica_acks
-            .map(|_| Route::of(client, keys.slot()));
+        let before = self.inner.replica_acks.map(|_| Route::of(client, slot));
         let reply = script
             .run(client, keys.as_vec(), args)
             .await
@@ -100,6 +99,7 @@ impl RedisBackend {
             reply,
             Sent {
                 client: client.clone(),
+                slot,
                 before,
             },
         ))
@@ -131,18 +131,19 @@ impl RedisBackend {
         let (Some(acks), Some(before)) = (self.inner.replica_acks, sent.before.as_ref()) else {
             return Ok(());
         };
-        let keys = self.keys(name);
-        if before.connections.is_empty() {
-            return Err(error::unavailable(
+        let unknown = |why: &str| {
+            error::unavailable(
                 &self.inner.endpoint,
-                format!(
-                    "{what} on lock {name:?} not known to be acknowledged: the connection's \
-                     `CLIENT ID` is unknown (not connected, or `CLIENT ID` refused, e.g. by an \
-                     ACL)"
-                ),
+                format!("{what} on lock {name:?} not known to be acknowledged: {why}"),
+            )
+        };
+        if before.connections.is_empty() {
+            return Err(unknown(
+                "the connection's `CLIENT ID` is unknown (not connected, or `CLIENT ID` \
+                 refused, e.g. by an ACL)",
             ));
         }
-        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(keys.slot()), false);
+        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(sent.slot), false);
         let options = Options {
             max_attempts: Some(1),
             fail_fast: true,
@@ -156,14 +157,10 @@ impl RedisBackend {
             .custom(command, vec![acks.replicas.to_string(), timeout])
             .await
             .map_err(|e| self.map_error(e, Some(name)))?;
-        if Route::of(&sent.client, keys.slot()) != *before {
-            return Err(error::unavailable(
-                &self.inner.endpoint,
-                format!(
-                    "{what} on lock {name:?} not known to be acknowledged: the connection \
-                     changed between the change and its `WAIT` (a reconnection, perhaps to \
-                     another server)"
-                ),
+        if Route::of(&sent.client, sent.slot) != *before {
+            return Err(unknown(
+                "the connection changed between the change and its `WAIT` (a reconnection, \
+                 perhaps to another server)",
             ));
         }
         if acked >= i64::from(acks.replicas) {

@@ -64,22 +64,12 @@ impl RedisSentinels {
     }
 
     fn wait_until_settled(&self, replicas: usize) -> io::Result<()> {
-        let started = Instant::now();
-        loop {
-            let unsettled = self.unsettled(replicas);
-            let Some(reason) = unsettled else {
-                return Ok(());
-            };
-            if started.elapsed() > SETTLE_TIMEOUT {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "the sentinel setup did not settle within {SETTLE_TIMEOUT:?}: {reason}"
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll(SETTLE_TIMEOUT, Duration::from_millis(100), || {
+            Ok(match self.unsettled(replicas) {
+                None => Ok(()),
+                Some(reason) => Err(format!("the sentinel setup did not settle: {reason}")),
+            })
+        })
     }
 
     fn unsettled(&self, replicas: usize) -> Option<String> {
@@ -178,20 +168,14 @@ impl RedisSentinels {
             .iter()
             .find(|node| node.port() == port)
             .ok_or_else(|| io::Error::other(format!("no node on port {port}")))?;
-        let started = Instant::now();
-        loop {
+        poll(timeout, Duration::from_millis(50), || {
             let online = online_replicas(node).unwrap_or(0);
-            if online >= replicas {
-                return Ok(());
-            }
-            if started.elapsed() > timeout {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("{online} of {replicas} replicas of {port} online after {timeout:?}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Ok(if online >= replicas {
+                Ok(())
+            } else {
+                Err(format!("{online} of {replicas} replicas of {port} online"))
+            })
+        })
     }
 
     /// Makes the sentinels fail the current primary over although it is alive (`SENTINEL
@@ -200,48 +184,54 @@ impl RedisSentinels {
     /// is still in progress or no replica qualifies yet. Returns the demoted primary's port.
     pub fn force_failover(&self, timeout: Duration) -> io::Result<u16> {
         let port = self.primary_port()?;
-        let started = Instant::now();
-        loop {
+        poll(timeout, Duration::from_millis(50), || {
             let reply = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", SENTINEL_SERVICE])?;
-            if reply == "OK" {
-                return Ok(port);
-            }
-            if started.elapsed() > timeout {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("SENTINEL FAILOVER still refused after {timeout:?}: {reply}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Ok(if reply == "OK" {
+                Ok(port)
+            } else {
+                Err(format!("SENTINEL FAILOVER still refused: {reply}"))
+            })
+        })
     }
 
     /// Waits (up to `timeout`) until the sentinels name a primary other than `old_port`, and it
     /// answers as a primary.
     pub fn wait_for_new_primary(&self, old_port: u16, timeout: Duration) -> io::Result<u16> {
-        let started = Instant::now();
-        loop {
-            if let Ok(port) = self.primary_port() {
-                if port != old_port {
-                    let role = self
+        poll(timeout, Duration::from_millis(50), || {
+            let promoted = self.primary_port().ok().filter(|port| {
+                *port != old_port
+                    && self
                         .nodes
                         .iter()
-                        .find(|node| node.port() == port)
+                        .find(|node| node.port() == *port)
                         .and_then(|node| node.cli(&["ROLE"]).ok())
-                        .unwrap_or_default();
-                    if role.starts_with("master") {
-                        return Ok(port);
-                    }
-                }
-            }
-            if started.elapsed() > timeout {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no new primary within {timeout:?}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+                        .is_some_and(|role| role.starts_with("master"))
+            });
+            Ok(promoted.ok_or_else(|| "no new primary".to_owned()))
+        })
+    }
+}
+
+/// Calls `check` every `pause` until it gives a value, for at most `timeout`; then fails as
+/// `TimedOut` with the last reason it gave for not being ready. An error of `check` ends it.
+fn poll<T>(
+    timeout: Duration,
+    pause: Duration,
+    mut check: impl FnMut() -> io::Result<Result<T, String>>,
+) -> io::Result<T> {
+    let started = Instant::now();
+    loop {
+        let reason = match check()? {
+            Ok(value) => return Ok(value),
+            Err(reason) => reason,
+        };
+        if started.elapsed() > timeout {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{reason} after {timeout:?}"),
+            ));
         }
+        std::thread::sleep(pause);
     }
 }
 

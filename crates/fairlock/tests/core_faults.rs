@@ -12,7 +12,7 @@ use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
     Watch,
 };
-use fairlock::{Error, LockClient, LockName, LockOptions, MemoryBackend, Owner, Result};
+use fairlock::{Error, FairLock, LockClient, LockName, LockOptions, MemoryBackend, Owner, Result};
 
 /// `MemoryBackend` with two faults, each switched on by a flag: the confirmation of a
 /// hand-over (an `acquire` that does not queue, by an attempt that queued) stalls 10 s; and a
@@ -307,6 +307,16 @@ async fn a_level_the_store_kept_after_a_lost_release_is_not_re_entered() {
     assert!(first.state().await.unwrap().holder.is_none());
 }
 
+/// `lock` is taken at a first level, with a token above `stale_token` (the stale level was
+/// not re-entered), and is free once that is released.
+async fn locks_anew(lock: &FairLock, stale_token: u64) {
+    let again = lock.lock().await.unwrap();
+    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
+    assert!(again.fencing_token() > stale_token);
+    again.unlock().await.unwrap();
+    assert!(lock.state().await.unwrap().holder.is_none());
+}
+
 /// The same for a release that failed for longer than the outage budget: `unlock()` reported
 /// it, and the level it left is not re-entered by the owner's next acquisition.
 #[tokio::test(start_paused = true)]
@@ -326,11 +336,7 @@ async fn a_level_left_by_a_failed_release_is_not_re_entered() {
     *backend.releases_down_until.lock().unwrap() = None;
     assert!(lock.state().await.unwrap().holder.is_some());
 
-    let again = lock.lock().await.unwrap();
-    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
-    assert!(again.fencing_token() > stale_token);
-    again.unlock().await.unwrap();
-    assert!(lock.state().await.unwrap().holder.is_none());
+    locks_anew(&lock, stale_token).await;
 }
 
 /// The same when the guard is dropped rather than unlocked, and the next `lock()` comes at
@@ -345,11 +351,7 @@ async fn a_stale_level_behind_a_dropped_guard_is_not_re_entered() {
     let stale_token = guard.fencing_token();
     backend.lose_next_release.store(true, SeqCst);
     drop(guard);
-    let again = lock.lock().await.unwrap();
-    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
-    assert!(again.fencing_token() > stale_token);
-    again.unlock().await.unwrap();
-    assert!(lock.state().await.unwrap().holder.is_none());
+    locks_anew(&lock, stale_token).await;
 }
 
 /// A `fair_lock` handle whose owner was handed out may share it with a `fair_lock_as`
