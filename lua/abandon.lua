@@ -7,7 +7,7 @@
 local owner, attempt = ARGV[1], ARGV[2]
 horizon_ms = tonumber(ARGV[3])
 
-local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
+local problem = probe_slot(H, Q, Z, W) or check_types(X)
 if problem then
   return problem
 end
@@ -32,7 +32,7 @@ end
 hold = settle(hold, true)
 local freed = false
 if hold and hold.owner == owner and remove_level(hold, attempt) and count(hold) == 0 then
-  redis.call('DEL', H)
+  free_hold()
   hold = nil
   freed = true
 end

@@ -16,7 +16,7 @@ local owner, attempt, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local waiter_ttl, may_queue, name = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
 horizon_ms = tonumber(ARGV[7])
 
-local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
+local problem = probe_slot(H, Q, Z, W) or check_types(X)
 if problem then
   return problem
 end

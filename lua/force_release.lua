@@ -7,7 +7,7 @@
 local token = ARGV[1]
 horizon_ms = tonumber(ARGV[2])
 
-local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
+local problem = probe_slot(Q, Z, W) or check_types(H, X)
 if problem then
   return problem
 end
@@ -25,7 +25,7 @@ hold = settle(hold, true)
 if not hold or hold.token ~= token then
   return '0'
 end
-redis.call('DEL', H)
+free_hold()
 hand_over(fence.token)
 tidy()
 save_spent()

@@ -36,8 +36,8 @@
 -- and a spent attempt is never granted again (within the horizon).
 --
 -- Redis does not roll back a script that fails halfway, so every script checks the keys it
--- touches and the stored values it relies on (check_types, read_hold, read_fence) before its
--- first write; nothing after that can fail on stored data.
+-- touches and the stored values it relies on (probe_slot, check_types, read_hold, read_fence)
+-- before its first write; nothing after that can fail on stored data.
 
 -- The six keys come first in ARGV, and KEYS is empty (see crates/fairlock-redis/src/scripts.rs:
 -- a declared key that is missing during a Cluster slot migration draws an ASK redirection,
@@ -58,7 +58,11 @@ local C = ARGV[#ARGV - 1]
 -- returned as it is.
 local function cluster_refusal(reply)
   if type(reply) == 'table' and reply.err then
-    if string.find(string.lower(reply.err), 'cluster', 1, true) then
+    local text = string.lower(reply.err)
+    -- "... non local key in a cluster node", and since Redis 7.4 "... during rehashing of the
+    -- slot" (a multi-key command, such as probe_slot's EXISTS, in a slot being migrated) and
+    -- "... a slot not served".
+    if string.find(text, 'cluster', 1, true) or string.find(text, 'slot', 1, true) then
       return redis.error_reply('TRYAGAIN fairlock: this node does not hold the lock\'s slot now')
     end
     return reply
@@ -66,13 +70,8 @@ local function cluster_refusal(reply)
   return nil
 end
 
--- Every script that may delete a key and touch it again first touches a key of the lock's slot
--- that never exists: that fails exactly where the node does not serve the slot or is
--- migrating it away, so the script refuses before any write. (Elsewhere it is a cheap EXISTS
--- of a missing key.) `extend` needs no probe: it touches only H, which its first command checks.
-local function slot_refusal()
-  return cluster_refusal(redis.pcall('EXISTS', H .. '~'))
-end
+-- Redis 7.0 and later, where the sharded variant runs, know PEXPIREAT's GT option.
+local HAS_EXPIRE_GT = PUBLISH == 'SPUBLISH'
 
 -- The server's clock is the only clock: the client sends durations.
 local clock = redis.call('TIME')
@@ -139,6 +138,28 @@ local function check_types(...)
   return nil
 end
 
+-- Every script that may delete a key and touch it again first touches a key of the lock's slot
+-- that never exists (H .. '~'): that fails exactly where the node does not serve the slot or is
+-- migrating it away, so the script refuses before any write. `extend` needs no probe: it
+-- touches only H, which its first command checks.
+-- The keys given, those the script may touch that are usually absent when it is called, are
+-- counted in the same EXISTS: when none exists, none needs a TYPE (an uncontended acquire has
+-- no hold and no queue); else each is checked as check_types does.
+local function probe_slot(...)
+  local reply = redis.pcall('EXISTS', H .. '~', ...)
+  local refused = cluster_refusal(reply)
+  if refused then
+    return refused
+  end
+  if reply == 0 then
+    for _, key in ipairs({ ... }) do
+      present[key] = false
+    end
+    return nil
+  end
+  return check_types(...)
+end
+
 -- The hold as stored, or nil; and an error reply if H is not one fairlock wrote.
 -- Fields: owner, token (string), confirmed (number of confirmed levels), and pending /
 -- pending_until while a hand-over is not confirmed.
@@ -168,11 +189,20 @@ end
 
 -- F's fields (token, tickets, name; each may be nil), and an error reply if they are not
 -- fairlock's.
+-- Unless check_types saw F, this read is also F's type check, before the script's first
+-- write: scripts that read F do not TYPE it.
 local function read_fence()
   if present[F] == false then
     return {}, nil
   end
-  local f = redis.call('HMGET', F, 't', 's', 'n')
+  local f = redis.pcall('HMGET', F, 't', 's', 'n')
+  if f.err then
+    if string.find(f.err, 'WRONGTYPE', 1, true) then
+      return nil, foreign(F, 'is not a hash')
+    end
+    return nil, cluster_refusal(f)
+  end
+  present[F] = (f[1] or f[2] or f[3]) and true or false
   if (f[1] and not is_digits(f[1])) or (f[2] and not is_digits(f[2])) then
     return nil, foreign(F, 'has a malformed token or ticket counter')
   end
@@ -182,6 +212,15 @@ end
 -- The hold count: confirmed levels and the pending one.
 local function count(hold)
   return hold.confirmed + (hold.pending and 1 or 0)
+end
+
+-- What this call set H's time to live to (ms), when it set it: keep_fence then need not ask.
+local hold_ttl_set = nil
+
+-- Deletes the hold (its last level is gone).
+local function free_hold()
+  redis.call('DEL', H)
+  hold_ttl_set = 0
 end
 
 -- Applies the passage of time to `hold`: a pending level whose deadline has passed is gone,
@@ -198,15 +237,13 @@ local function settle(hold, write)
   end
   if count(hold) == 0 then
     if write then
-      redis.call('DEL', H)
+      free_hold()
     end
     return nil
   end
   return hold
 end
 
--- What this call set H's time to live to (ms), when it set it: keep_fence then need not ask.
-local hold_ttl_set = nil
 
 -- Sets H's lease to `lease_ms` from now and remembers it.
 local function set_lease(lease_ms)
@@ -273,9 +310,21 @@ local function save_spent()
   end
   spent_now = {}
   redis.call('ZADD', X, unpack(members))
+  if present[X] == false then
+    -- X is new: nothing to forget, and its latest record is one of these.
+    redis.call('PEXPIREAT', X, until_ms)
+    return
+  end
   local expired = redis.call('ZRANGEBYSCORE', X, '-inf', now_ms, 'LIMIT', 0, 8)
   if #expired > 0 then
     redis.call('ZREM', X, unpack(expired))
+  end
+  -- X already expires with its latest record (every call that adds one sets it), so on Redis 7
+  -- it need only expire later if these are later. GT does nothing when X expires later
+  -- already (a record of a longer horizon) or not at all (someone persisted it), and fails on
+  -- a node without it (a Cluster being upgraded): then X is read, as on Redis 6.2.
+  if HAS_EXPIRE_GT and redis.pcall('PEXPIREAT', X, until_ms, 'GT') == 1 then
+    return
   end
   local latest = redis.call('ZRANGE', X, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', X, int(tonumber(latest[2])))
@@ -484,8 +533,9 @@ local function keep_fence()
   if not margin then
     return
   end
-  -- F is of fairlock's type when check_types saw it so (or saw it absent: then this call
-  -- wrote it, or it is still absent and PEXPIRE does nothing); only `extend` does not check.
+  -- F is of fairlock's type when check_types or read_fence saw it (or saw it absent: then
+  -- this call wrote it, or it is still absent and PEXPIRE does nothing); only `extend` does
+  -- not check.
   if present[F] == nil and redis.call('TYPE', F).ok ~= 'hash' then
     return
   end

@@ -10,7 +10,7 @@
 local owner, token, attempt = ARGV[1], ARGV[2], ARGV[3]
 horizon_ms = tonumber(ARGV[4])
 
-local problem = slot_refusal() or check_types(H, Q, Z, W, F, X)
+local problem = probe_slot(Q, Z, W) or check_types(H, X)
 if problem then
   return problem
 end
@@ -37,7 +37,7 @@ elseif not remove_level(hold, attempt) then
 else
   local remaining = count(hold)
   if remaining == 0 then
-    redis.call('DEL', H)
+    free_hold()
     hand_over(fence.token)
     tidy()
   end

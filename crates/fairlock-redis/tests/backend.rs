@@ -734,12 +734,13 @@ async fn scripts_are_reloaded_after_script_flush() {
     assert_eq!(hold_count(&backend, &lock).await, Some(1));
 }
 
-/// The script text exactly as the backend builds it.
+/// The text of a mutating script exactly as the backend builds it for Redis 7 (sharded
+/// pub/sub; see `src/scripts.rs`).
 fn script(operation: &str) -> String {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/");
     let read = |file: &str| std::fs::read_to_string(format!("{dir}{file}")).unwrap();
     format!(
-        "{}\n{}",
+        "local PUBLISH = 'SPUBLISH'\n{}\nlocal function operation()\n{}\nend\nreturn finish(operation())\n",
         read("prelude.lua"),
         read(&format!("{operation}.lua"))
     )
@@ -846,6 +847,40 @@ async fn ended_attempt_records_are_forgotten_a_few_at_a_time() {
     assert_eq!(server.cli(&["EXISTS", &key(&other, "x")]), "1");
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(server.cli(&["EXISTS", &key(&other, "x")]), "0");
+}
+
+/// The ended-attempt records expire with the latest of them also where Redis 7's cheaper
+/// `PEXPIREAT … GT` would leave them forever: when their key lost its expiry (`PERSIST`), and
+/// when the Redis 7 variant of the scripts runs on a 6.2 node (a Cluster being upgraded),
+/// which has no `GT`. A script that failed there would fail after its writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_attempt_records_keep_their_expiry() {
+    let current = Server::start();
+    let old = Server(
+        fairlock_testsupport::RedisServer::start_binary(
+            fairlock_testsupport::redis62_server(),
+            &[],
+        )
+        .expect("redis-server 6.2 starts"),
+    );
+    for (server, persist) in [(&current, true), (&old, false)] {
+        let lock = name();
+        let records = key(&lock, "x");
+        let abandon = || {
+            let attempt = AttemptId::random().to_string();
+            eval(server, lock.as_str(), "abandon", &["a", &attempt, "60000"])
+        };
+        assert_eq!(abandon(), "OK");
+        if persist {
+            assert_eq!(server.cli(&["PERSIST", &records]), "1");
+        }
+        assert_eq!(abandon(), "OK", "persisted: {persist}");
+        let ttl: i64 = server.cli(&["PTTL", &records]).parse().unwrap();
+        assert!(
+            ttl > 50_000 && ttl <= 60_000,
+            "expires with its latest record (persisted: {persist}): {ttl}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

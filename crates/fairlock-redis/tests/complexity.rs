@@ -315,3 +315,48 @@ async fn live_waiters_behind_dead_ones_are_served_in_order_at_once() {
     println!("both served {took:?} after the release");
     assert_eq!(queue_entries(&server, &lock), 0, "dead waiters are gone");
 }
+
+/// The common uncontended path checks only the keys that exist: on a lock in use (its fence
+/// hash and ended-attempt records present, no hold, nobody waiting), one `EXISTS` stands for
+/// the absent hold and queue keys instead of a `TYPE` each, and the ended-attempt records'
+/// expiry is set without reading them back (Redis 7's `PEXPIREAT … GT`). Exact counts, so a
+/// script change that adds commands to this path is seen (issue 13: 18 and 19 before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_and_release_check_only_what_exists() {
+    let server = Server::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let lock = name();
+    let holder = owner("holder");
+    // Use the lock once, so its fence hash and ended-attempt records exist, as on a lock in use.
+    let first = request(&lock, &holder, true);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&first).await.unwrap() else {
+        panic!("a free lock is granted");
+    };
+    backend
+        .release(&lock, &holder, grant.token, first.attempt)
+        .await
+        .unwrap();
+
+    let again = request(&lock, &holder, true);
+    let mut granted = None;
+    let acquire = cost(&server, async {
+        granted = Some(backend.acquire(&again).await.unwrap());
+    })
+    .await;
+    let Some(AcquireOutcome::Granted(grant)) = granted else {
+        panic!("a free lock is granted");
+    };
+    let release = cost(
+        &server,
+        backend.release(&lock, &holder, grant.token, again.attempt),
+    )
+    .await;
+    println!("uncontended acquire: {acquire} commands, release: {release} commands");
+    // Each count includes the EVALSHA itself. The acquire: EXISTS (the slot probe with H, Q, Z,
+    // W), TIME, TYPE X, HMGET F, ZSCORE X; the grant (HSET H, PEXPIRE H, HSET F); the spent
+    // record (ZADD, ZRANGEBYSCORE, PEXPIREAT … GT); PEXPIRE F.
+    assert_eq!(acquire, 13, "commands of an uncontended acquire");
+    // The release: EXISTS (probe, Q, Z, W), TIME, TYPE H, TYPE X, HMGET H, HMGET F, ZSCORE X,
+    // HDEL, DEL; the spent record (3); PEXPIRE F.
+    assert_eq!(release, 14, "commands of a release with nobody waiting");
+}
