@@ -8,12 +8,7 @@
 -- The lease is never shortened, so applying it again (a re-send) is harmless.
 local owner, token, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-local problem = check_types(H)
-if problem then
-  return problem
-end
-local hold
-hold, problem = read_hold()
+local hold, problem = read_hold()
 if problem then
   return problem
 end

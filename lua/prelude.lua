@@ -120,8 +120,9 @@ local TYPES = { [H] = 'hash', [Q] = 'zset', [Z] = 'zset', [W] = 'hash', [F] = 'h
 local present = {}
 
 -- Checks that each key is absent or of the type fairlock gives it. Returns an error reply for
--- the first one that is not, else nil. Every script calls it before its first write, for every
--- key it may write or read.
+-- the first one that is not, else nil. Every script calls it (or probe_slot) before its first
+-- write, for every key it may write or read but H and F, which their reads check (read_hold,
+-- read_fence).
 local function check_types(...)
   for _, key in ipairs({ ... }) do
     local reply = redis.pcall('TYPE', key)
@@ -151,29 +152,49 @@ local function probe_slot(...)
   if refused then
     return refused
   end
+  local keys = { ... }
   if reply == 0 then
-    for _, key in ipairs({ ... }) do
+    for _, key in ipairs(keys) do
       present[key] = false
     end
     return nil
   end
-  return check_types(...)
+  for _, key in ipairs(keys) do
+    -- H is checked by the read every script makes of it before its first write (read_hold).
+    if key ~= H then
+      refused = check_types(key)
+      if refused then
+        return refused
+      end
+    end
+  end
+  return nil
 end
 
 -- The hold as stored, or nil; and an error reply if H is not one fairlock wrote.
 -- Fields: owner, token (string), confirmed (number of confirmed levels), and pending /
 -- pending_until while a hand-over is not confirmed.
+-- Unless probe_slot found H absent, this read is also H's type check: every script that
+-- touches H calls it before its first write, and none TYPEs H.
 local function read_hold()
   if present[H] == false then
     return nil, nil
   end
-  local f = redis.call('HMGET', H, 'o', 't', 'c', 'p', 'pd')
+  local f = redis.pcall('HMGET', H, 'o', 't', 'c', 'p', 'pd')
+  if f.err then
+    if string.find(f.err, 'WRONGTYPE', 1, true) then
+      return nil, foreign(H, 'is not a hash')
+    end
+    return nil, cluster_refusal(f)
+  end
   if not f[1] then
-    if present[H] or redis.call('EXISTS', H) == 1 then
+    if redis.call('EXISTS', H) == 1 then
       return nil, foreign(H, 'has no owner')
     end
+    present[H] = false
     return nil, nil
   end
+  present[H] = true
   if not is_digits(f[2]) or not is_digits(f[3]) then
     return nil, foreign(H, 'has no valid token or level count')
   end

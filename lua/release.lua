@@ -10,7 +10,7 @@
 local owner, token, attempt = ARGV[1], ARGV[2], ARGV[3]
 horizon_ms = tonumber(ARGV[4])
 
-local problem = probe_slot(Q, Z, W) or check_types(H, X)
+local problem = probe_slot(Q, Z, W) or check_types(X)
 if problem then
   return problem
 end
