@@ -12,7 +12,7 @@ if problem then
   return problem
 end
 local hold, fence
-hold, problem = read_hold()
+hold, problem = read_hold(attempt)
 if problem then
   return problem
 end

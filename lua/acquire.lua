@@ -21,7 +21,7 @@ if problem then
   return problem
 end
 local hold, fence
-hold, problem = read_hold()
+hold, problem = read_hold(attempt)
 if problem then
   return problem
 end
@@ -33,7 +33,7 @@ local spent = is_spent(attempt)
 
 hold = settle(hold, true)
 if hold then
-  if redis.call('HEXISTS', H, 'l:' .. attempt) == 1 then
+  if hold.has_level then
     -- Applied before (a re-sent request, or a reply that was lost): the same grant.
     return 'G ' .. hold.token .. ' ' .. int(count(hold))
   end

@@ -172,15 +172,21 @@ local function probe_slot(...)
 end
 
 -- The hold as stored, or nil; and an error reply if H is not one fairlock wrote.
--- Fields: owner, token (string), confirmed (number of confirmed levels), and pending /
--- pending_until while a hand-over is not confirmed.
+-- Fields: owner, token (string), confirmed (number of confirmed levels), pending /
+-- pending_until while a hand-over is not confirmed, and, given an `attempt`, has_level:
+-- whether that attempt has a confirmed level (read with the rest: one command).
 -- Unless probe_slot found H absent, this read is also H's type check: every script that
 -- touches H calls it before its first write, and none TYPEs H.
-local function read_hold()
+local function read_hold(attempt)
   if present[H] == false then
     return nil, nil
   end
-  local f = redis.pcall('HMGET', H, 'o', 't', 'c', 'p', 'pd')
+  local f
+  if attempt then
+    f = redis.pcall('HMGET', H, 'o', 't', 'c', 'p', 'pd', 'l:' .. attempt)
+  else
+    f = redis.pcall('HMGET', H, 'o', 't', 'c', 'p', 'pd')
+  end
   if f.err then
     if string.find(f.err, 'WRONGTYPE', 1, true) then
       return nil, foreign(H, 'is not a hash')
@@ -198,7 +204,16 @@ local function read_hold()
   if not is_digits(f[2]) or not is_digits(f[3]) then
     return nil, foreign(H, 'has no valid token or level count')
   end
-  local hold = { owner = f[1], token = f[2], confirmed = tonumber(f[3]) }
+  local hold = {
+    owner = f[1],
+    token = f[2],
+    confirmed = tonumber(f[3]),
+    has_level = f[6] and true,
+  }
+  if hold.has_level and hold.confirmed < 1 then
+    -- remove_level would count it below zero and free a hold that still has a level.
+    return nil, foreign(H, 'has a level its count does not include')
+  end
   if f[4] then
     if not is_attempt(f[4]) or not is_digits(f[5]) then
       return nil, foreign(H, 'has a malformed pending level')
@@ -279,17 +294,22 @@ local function lengthen(lease_ms)
   set_lease(math.max(left, lease_ms))
 end
 
--- Removes the level of `attempt` (pending or confirmed) from `hold`; whether it had one.
--- When no level is left the caller deletes H, so `c` is not updated then.
+-- Removes the level of `attempt` (pending or confirmed) from `hold`, which read_hold(attempt)
+-- read; whether it had one. When no level is left the caller deletes H, so H's fields are
+-- not updated then.
 local function remove_level(hold, attempt)
   if hold.pending == attempt then
     hold.pending, hold.pending_until = nil, nil
-    redis.call('HDEL', H, 'p', 'pd')
+    if count(hold) > 0 then
+      redis.call('HDEL', H, 'p', 'pd')
+    end
     return true
   end
-  if redis.call('HDEL', H, 'l:' .. attempt) == 1 then
+  if hold.has_level then
+    hold.has_level = false
     hold.confirmed = hold.confirmed - 1
     if count(hold) > 0 then
+      redis.call('HDEL', H, 'l:' .. attempt)
       redis.call('HSET', H, 'c', int(hold.confirmed))
     end
     return true
@@ -507,9 +527,13 @@ end
 
 -- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
 -- frees a large key off the main thread, so this stays O(1) here).
+-- Set when tidy() deleted the queue keys: nothing of them is left to read.
+local queue_gone = false
+
 local function tidy()
   if queue_touched and live_waiters() == 0 then
     redis.call('UNLINK', Q, Z, W)
+    queue_gone = true
   end
 end
 
@@ -566,7 +590,7 @@ local function keep_fence()
   -- began (only a join adds one, and a join reads it), else as stored.
   if latest_deadline then
     live = math.max(live, latest_deadline - now_ms)
-  elseif present[Z] ~= false then
+  elseif present[Z] ~= false and not queue_gone then
     local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
     if type(last) == 'table' and not last.err and last[2] then
       live = math.max(live, tonumber(last[2]) - now_ms)

@@ -913,6 +913,34 @@ async fn foreign_data_is_a_conflict() {
         "unrelated\nfield"
     );
 
+    // A hold whose level count leaves out one of its levels: releasing that level would count
+    // below zero and free a hold that still has its pending level.
+    let lock = name();
+    let (a, b) = (request(&lock, &owner("a"), true), request(&lock, &owner("a"), true));
+    let (level, pending) = (a.attempt.to_string(), b.attempt.to_string());
+    server.cli(&[
+        "HSET",
+        &key(&lock, "h"),
+        "o",
+        "a",
+        "t",
+        "7",
+        "c",
+        "0",
+        &format!("l:{level}"),
+        "1",
+        "p",
+        &pending,
+        "pd",
+        "99999999999999",
+    ]);
+    let err = backend
+        .release(&lock, &a.owner, 7, a.attempt)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert_eq!(server.cli(&["HGET", &key(&lock, "h"), "p"]), pending);
+
     // Ended-attempt records of the wrong type.
     let lock = name();
     server.cli(&["SET", &key(&lock, "x"), "not a zset"]);
