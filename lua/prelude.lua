@@ -250,7 +250,7 @@ local function count(hold)
   return hold.confirmed + (hold.pending and 1 or 0)
 end
 
--- What this call set H's time to live to (ms), when it set it: keep_fence then need not ask.
+-- H's time to live (ms) as this call set or read it: keep_fence then need not ask.
 local hold_ttl_set = nil
 
 -- Deletes the hold (its last level is gone).
@@ -364,8 +364,16 @@ local function save_spent()
   -- it need only expire later if these are later. GT does nothing when X expires later
   -- already (a record of a longer horizon) or not at all (someone persisted it), and fails on
   -- a node without it (a Cluster being upgraded): then X is read, as on Redis 6.2.
-  if HAS_EXPIRE_GT and redis.pcall('PEXPIREAT', X, until_ms, 'GT') == 1 then
-    return
+  if HAS_EXPIRE_GT then
+    if redis.pcall('PEXPIREAT', X, until_ms, 'GT') == 1 then
+      return
+    end
+    -- Not later: usually X already expires at this very millisecond (calls less than 1 ms
+    -- apart); PEXPIRETIME (7.0) tells that from an expiry that is missing.
+    local at = redis.pcall('PEXPIRETIME', X)
+    if type(at) == 'number' and at >= tonumber(until_ms) then
+      return
+    end
   end
   local latest = redis.call('ZRANGE', X, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', X, int(tonumber(latest[2])))

@@ -916,7 +916,10 @@ async fn foreign_data_is_a_conflict() {
     // A hold whose level count leaves out one of its levels: releasing that level would count
     // below zero and free a hold that still has its pending level.
     let lock = name();
-    let (a, b) = (request(&lock, &owner("a"), true), request(&lock, &owner("a"), true));
+    let (a, b) = (
+        request(&lock, &owner("a"), true),
+        request(&lock, &owner("a"), true),
+    );
     let (level, pending) = (a.attempt.to_string(), b.attempt.to_string());
     server.cli(&[
         "HSET",
