@@ -171,6 +171,19 @@ local function probe_slot(...)
   return nil
 end
 
+-- HMGET of `key`'s fields through pcall, so that the read is also the key's type check: the
+-- values, or nil and an error reply (another type: foreign data; a Cluster refusal: TRYAGAIN).
+local function read_hash(key, ...)
+  local f = redis.pcall('HMGET', key, ...)
+  if f.err then
+    if string.find(f.err, 'WRONGTYPE', 1, true) then
+      return nil, foreign(key, 'is not a hash')
+    end
+    return nil, cluster_refusal(f)
+  end
+  return f, nil
+end
+
 -- The hold as stored, or nil; and an error reply if H is not one fairlock wrote.
 -- Fields: owner, token (string), confirmed (number of confirmed levels), pending /
 -- pending_until while a hand-over is not confirmed, and, given an `attempt`, has_level:
@@ -181,17 +194,14 @@ local function read_hold(attempt)
   if present[H] == false then
     return nil, nil
   end
-  local f
+  local f, problem
   if attempt then
-    f = redis.pcall('HMGET', H, 'o', 't', 'c', 'p', 'pd', 'l:' .. attempt)
+    f, problem = read_hash(H, 'o', 't', 'c', 'p', 'pd', 'l:' .. attempt)
   else
-    f = redis.pcall('HMGET', H, 'o', 't', 'c', 'p', 'pd')
+    f, problem = read_hash(H, 'o', 't', 'c', 'p', 'pd')
   end
-  if f.err then
-    if string.find(f.err, 'WRONGTYPE', 1, true) then
-      return nil, foreign(H, 'is not a hash')
-    end
-    return nil, cluster_refusal(f)
+  if problem then
+    return nil, problem
   end
   if not f[1] then
     if redis.call('EXISTS', H) == 1 then
@@ -231,12 +241,9 @@ local function read_fence()
   if present[F] == false then
     return {}, nil
   end
-  local f = redis.pcall('HMGET', F, 't', 's', 'n')
-  if f.err then
-    if string.find(f.err, 'WRONGTYPE', 1, true) then
-      return nil, foreign(F, 'is not a hash')
-    end
-    return nil, cluster_refusal(f)
+  local f, problem = read_hash(F, 't', 's', 'n')
+  if problem then
+    return nil, problem
   end
   present[F] = (f[1] or f[2] or f[3]) and true or false
   if (f[1] and not is_digits(f[1])) or (f[2] and not is_digits(f[2])) then
