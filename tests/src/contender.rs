@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -70,6 +70,8 @@ pub struct Contender {
     stderr: Arc<Mutex<String>>,
     history: Vec<Line>,
     clock_offset_ns: i128,
+    /// Started under the `faketime` wrapper, which is then the child.
+    under_faketime: bool,
     /// When [`kill`](Contender::kill) had reaped it (real wall clock, ns).
     killed_ns: Option<u128>,
     reaped: bool,
@@ -78,19 +80,33 @@ pub struct Contender {
 /// Panics unless `faketime` can be run: a clock-skew test that cannot skew a clock must fail,
 /// not pass by skipping.
 pub fn require_faketime() {
-    let works = Command::new("faketime")
+    match Command::new("faketime")
         .args(["-f", "+1h", "true"])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        works,
-        "this test needs `faketime` (Debian package `faketime`) on PATH, and a skipped test \
-         counts as a failure: install it with `apt-get install -y faketime` (as root), or run \
-         `./scripts/test.sh`, which installs what is missing"
-    );
+        .output()
+    {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => panic!(
+            "`faketime -f +1h true` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(error) => panic!(
+            "this test needs `faketime` (Debian package `faketime`) on PATH ({error}), and a \
+             skipped test counts as a failure: install it with `apt-get install -y faketime` \
+             (as root), or run `./scripts/test.sh`, which installs what is missing"
+        ),
+    }
+}
+
+/// The shared-memory files the `faketime` wrapper with process id `pid` makes at its start and
+/// removes when it exits. A wrapper killed with SIGKILL leaves them behind, and a later
+/// wrapper given the same process id (ids wrap at 32,768 here) then fails to start.
+pub fn faketime_files(pid: u32) -> [PathBuf; 2] {
+    [
+        PathBuf::from(format!("/dev/shm/faketime_shm_{pid}")),
+        PathBuf::from(format!("/dev/shm/sem.faketime_sem_{pid}")),
+    ]
 }
 
 impl Contender {
@@ -172,9 +188,15 @@ impl Contender {
             stderr,
             history: Vec::new(),
             clock_offset_ns: i128::from(spec.clock_offset_secs.unwrap_or(0)) * 1_000_000_000,
+            under_faketime: spec.clock_offset_secs.is_some(),
             killed_ns: None,
             reaped: false,
         }
+    }
+
+    /// Its process id (of the `faketime` wrapper, when its clock is skewed).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Its label.
@@ -315,6 +337,13 @@ impl Contender {
             .stderr(Stdio::null())
             .status();
         let _ = self.child.kill();
+        if self.under_faketime {
+            // The wrapper died without removing its files. Removed before it is reaped, while
+            // its process id cannot be given to another wrapper yet.
+            for file in faketime_files(self.child.id()) {
+                let _ = std::fs::remove_file(file);
+            }
+        }
         let _ = self.child.wait();
     }
 

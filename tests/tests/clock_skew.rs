@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use fairlock_faults::contender::{assert_exclusive, require_faketime, Contender, Spec};
+use fairlock_faults::contender::{
+    assert_exclusive, faketime_files, require_faketime, Contender, Spec,
+};
 use fairlock_faults::protocol::{epoch_ns, Event};
 use fairlock_faults::store_view::{lease_floor, observer, wait_for_waiters};
 use fairlock_testsupport::RedisServer;
@@ -45,6 +47,30 @@ async fn ready_with_offset(
         contender.label()
     );
     owner
+}
+
+/// Killing a skewed contender (the `faketime` wrapper and the contender, with SIGKILL) leaves
+/// no shared-memory files behind: a stale pair made a later `faketime` with the same process id
+/// fail to start, and a clock-skew test fail in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_skewed_contender_leaves_no_files() {
+    require_faketime();
+    let server = RedisServer::start().expect("redis-server");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spec = Spec {
+        clock_offset_secs: Some(HOUR),
+        ..Spec::on(server.url(), "skew-kill")
+    };
+    let mut contender = Contender::spawn(CONTENDER, "ahead", &spec);
+    ready_with_offset(&mut contender, HOUR, deadline).await;
+    let files = faketime_files(contender.pid());
+    assert!(
+        files.iter().all(|file| file.exists()),
+        "the wrapper made its files: {files:?}"
+    );
+    contender.kill();
+    let left: Vec<_> = files.iter().filter(|file| file.exists()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// A holder with a normal clock; then waiters an hour ahead, an hour behind and normal
