@@ -161,7 +161,7 @@ end
 if hold and (head_attempt == attempt or head_unknown) then
   -- When the hold ends: its lease, or sooner when its only level is a pending one.
   local left = math.max(redis.call('PTTL', H), 0)
-  hold_ttl_set = left
+  hold_ttl = left
   if hold.confirmed == 0 and hold.pending_until then
     left = math.min(left, hold.pending_until - now_ms)
   end

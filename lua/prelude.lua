@@ -152,23 +152,16 @@ local function probe_slot(...)
   if refused then
     return refused
   end
-  local keys = { ... }
-  if reply == 0 then
-    for _, key in ipairs(keys) do
+  local to_check = {}
+  for _, key in ipairs({ ... }) do
+    if reply == 0 then
       present[key] = false
-    end
-    return nil
-  end
-  for _, key in ipairs(keys) do
-    -- H is checked by the read every script makes of it before its first write (read_hold).
-    if key ~= H then
-      refused = check_types(key)
-      if refused then
-        return refused
-      end
+    elseif key ~= H then
+      -- H is checked by the read every script makes of it before its first write (read_hold).
+      table.insert(to_check, key)
     end
   end
-  return nil
+  return check_types(unpack(to_check))
 end
 
 -- HMGET of `key`'s fields through pcall, so that the read is also the key's type check: the
@@ -258,12 +251,12 @@ local function count(hold)
 end
 
 -- H's time to live (ms) as this call set or read it: keep_fence then need not ask.
-local hold_ttl_set = nil
+local hold_ttl = nil
 
 -- Deletes the hold (its last level is gone).
 local function free_hold()
   redis.call('DEL', H)
-  hold_ttl_set = 0
+  hold_ttl = 0
 end
 
 -- Applies the passage of time to `hold`: a pending level whose deadline has passed is gone,
@@ -287,11 +280,10 @@ local function settle(hold, write)
   return hold
 end
 
-
 -- Sets H's lease to `lease_ms` from now and remembers it.
 local function set_lease(lease_ms)
   redis.call('PEXPIRE', H, int(lease_ms))
-  hold_ttl_set = lease_ms
+  hold_ttl = lease_ms
 end
 
 -- Sets the lease to the later of its current end and `lease_ms` from now: never shorter,
@@ -540,11 +532,11 @@ local function expire_queue_keys()
   end
 end
 
--- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
--- frees a large key off the main thread, so this stays O(1) here).
 -- Set when tidy() deleted the queue keys: nothing of them is left to read.
 local queue_gone = false
 
+-- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
+-- frees a large key off the main thread, so this stays O(1) here).
 local function tidy()
   if queue_touched and live_waiters() == 0 then
     redis.call('UNLINK', Q, Z, W)
@@ -578,7 +570,7 @@ local function hand_over(last_token)
   redis.call('HSET', F, 't', token)
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 0, 'p', attempt, 'pd', until_ms)
   redis.call('PEXPIREAT', H, until_ms)
-  hold_ttl_set = ttl
+  hold_ttl = ttl
   spend(attempt)
   publish('G ' .. token .. ' ' .. attempt .. ' ' .. owner)
 end
@@ -600,7 +592,7 @@ local function keep_fence()
     return
   end
   -- The hold's lease: as this call set it, else as stored (a missing H counts 0).
-  local live = hold_ttl_set or math.max(redis.call('PTTL', H), 0)
+  local live = hold_ttl or math.max(redis.call('PTTL', H), 0)
   -- The last waiter's deadline: as this call read it, none if there was no queue when the call
   -- began (only a join adds one, and a join reads it), else as stored.
   if latest_deadline then

@@ -4,20 +4,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{name, owner, request, Server};
+use common::{granted, name, owner, request, Server};
 use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, Grant, LockBackend, ReleaseOutcome, Wake, Watch,
     RESEND_HORIZON,
 };
 use fairlock::{Error, LockName};
 use fairlock_redis::RedisBackend;
-
-async fn granted(backend: &RedisBackend, request: &AcquireRequest) -> Grant {
-    match backend.acquire(request).await.unwrap() {
-        AcquireOutcome::Granted(grant) => grant,
-        other => panic!("{} expected a grant, got {other:?}", request.owner),
-    }
-}
 
 async fn queued(backend: &RedisBackend, request: &AcquireRequest) -> Option<Duration> {
     match backend.acquire(request).await.unwrap() {

@@ -10,7 +10,7 @@ mod common;
 /// evicts a full budget of dead waiters, in batches of a constant number of commands).
 const BUDGET: u64 = 56;
 
-use common::{name, owner, request, Server};
+use common::{granted, name, owner, request, Server};
 use fairlock::backend::{AcquireOutcome, LockBackend};
 use fairlock_redis::RedisBackend;
 
@@ -45,9 +45,7 @@ async fn operations_do_not_walk_the_queue() {
     let lock = name();
     let holder = owner("holder");
     let holding = request(&lock, &holder, true);
-    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
-        panic!("the first acquire is granted");
-    };
+    let grant = granted(&backend, &holding).await;
     const WAITERS: usize = 2000;
     let requests: Vec<_> = (0..WAITERS)
         .map(|i| request(&lock, &owner(&format!("w{i}")), true))
@@ -151,9 +149,7 @@ async fn waiters_that_leave_cost_no_later_call() {
     let lock = name();
     let holder = owner("holder");
     let holding = request(&lock, &holder, true);
-    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
-        panic!("the first acquire is granted");
-    };
+    let grant = granted(&backend, &holding).await;
     let long = std::time::Duration::from_secs(600);
     let head = join_many(&backend, &lock, 1, long, "head").await.remove(0);
     const CHURN: usize = 3000;
@@ -179,9 +175,8 @@ async fn waiters_that_leave_cost_no_later_call() {
         backend.release(&lock, &holder, grant.token, holding.attempt),
     )
     .await;
-    let AcquireOutcome::Granted(head_grant) = backend.acquire(&head).await.unwrap() else {
-        panic!("the head was handed the lock");
-    };
+    // The head was handed the lock: its acquire confirms the grant.
+    let head_grant = granted(&backend, &head).await;
     let second = cost(
         &server,
         backend.release(&lock, &head.owner, head_grant.token, head.attempt),
@@ -208,9 +203,7 @@ async fn waiters_that_die_together_cost_no_single_call_much() {
     let lock = name();
     let holder = owner("holder");
     let holding = request(&lock, &holder, true);
-    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
-        panic!("the first acquire is granted");
-    };
+    let grant = granted(&backend, &holding).await;
     const DEAD: usize = 3000;
     let ttl = std::time::Duration::from_secs(2);
     join_many(&backend, &lock, DEAD, ttl, "doomed").await;
@@ -330,9 +323,7 @@ async fn an_uncontended_acquire_and_release_check_only_what_exists() {
     let holder = owner("holder");
     // Use the lock once, so its fence hash and ended-attempt records exist, as on a lock in use.
     let first = request(&lock, &holder, true);
-    let AcquireOutcome::Granted(grant) = backend.acquire(&first).await.unwrap() else {
-        panic!("a free lock is granted");
-    };
+    let grant = granted(&backend, &first).await;
     backend
         .release(&lock, &holder, grant.token, first.attempt)
         .await
@@ -344,14 +335,12 @@ async fn an_uncontended_acquire_and_release_check_only_what_exists() {
     let pause = || tokio::time::sleep(std::time::Duration::from_millis(3));
     pause().await;
     let again = request(&lock, &holder, true);
-    let mut granted = None;
+    let mut grant = None;
     let acquire = cost(&server, async {
-        granted = Some(backend.acquire(&again).await.unwrap());
+        grant = Some(granted(&backend, &again).await);
     })
     .await;
-    let Some(AcquireOutcome::Granted(grant)) = granted else {
-        panic!("a free lock is granted");
-    };
+    let grant = grant.expect("measured");
     pause().await;
     let release = cost(
         &server,

@@ -6,7 +6,7 @@ pub mod contenders;
 
 use std::time::Duration;
 
-use fairlock::backend::{AcquireRequest, AttemptId};
+use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, LockBackend};
 use fairlock::{LockName, Owner};
 use fairlock_redis::RedisBackend;
 use fairlock_testsupport::{RedisCluster, RedisServer};
@@ -57,5 +57,13 @@ pub fn request(name: &LockName, owner: &Owner, queue: bool) -> AcquireRequest {
         lease: Duration::from_secs(30),
         waiter_ttl: Duration::from_secs(10),
         queue,
+    }
+}
+
+/// Acquires with `request`, which must be granted.
+pub async fn granted(backend: &RedisBackend, request: &AcquireRequest) -> Grant {
+    match backend.acquire(request).await.unwrap() {
+        AcquireOutcome::Granted(grant) => grant,
+        other => panic!("{} expected a grant, got {other:?}", request.owner),
     }
 }
