@@ -43,9 +43,9 @@ elseif queued and not hold then
   -- The lock is free: if the first in line changed, the new first may take it now rather
   -- than at its next heartbeat.
   evict_expired()
-  local ticket, _, _, head_owner = head()
+  local ticket, _, _, head_owner, head_waker = head()
   if ticket and front_changed(ticket) then
-    publish('R ' .. head_owner)
+    tell(head_waker, 'R ' .. head_owner)
   elseif head_unknown and live_waiters() > 0 then
     publish('A')
   end

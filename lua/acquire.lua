@@ -2,7 +2,8 @@
 --
 -- KEYS: H, Q, Z, W, F, X (see prelude.lua)
 -- ARGV: 1 owner, 2 attempt, 3 lease ms, 4 waiter ttl ms, 5 queue ("1" or "0"), 6 lock name,
---       7 resend horizon ms, 8 channel, 9 fence margin ms
+--       7 resend horizon ms, 8 waker (the caller's process channel, C:<waker>; "" for none),
+--       9 channel, 10 fence margin ms
 -- Returns a string:
 --   "G <token> <hold count>"  the attempt holds a level: first grant, re-entry, confirmed
 --                             hand-over, or a level it already had (a re-send: no change)
@@ -15,6 +16,10 @@
 local owner, attempt, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local waiter_ttl, may_queue, name = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
 horizon_ms = tonumber(ARGV[7])
+local waker = ARGV[8]
+if not is_waker(waker) then
+  return redis.error_reply('ERR fairlock: a waker is up to 32 lowercase hex digits')
+end
 
 local problem = probe_slot(H, Q, Z, W) or check_types(X)
 if problem then
@@ -68,11 +73,11 @@ if hold and hold.owner == owner then
   return 'G ' .. hold.token .. ' ' .. int(count(hold))
 end
 
-local head_ticket, head_attempt, head_owner
+local head_ticket, head_attempt, head_owner, head_waker
 if has_queue then
   evict_expired()
   local _
-  head_ticket, _, head_attempt, head_owner = head()
+  head_ticket, _, head_attempt, head_owner, head_waker = head()
   if head_unknown then
     -- More dead waiters in front than this call may clear. If the caller is the only live
     -- waiter, or there is none, who is first is known all the same.
@@ -108,7 +113,7 @@ end
 if not hold and head_ticket and head_attempt ~= attempt and front_changed(head_ticket) then
   -- The lock is free and this call cleared the dead in front of the head: tell it now rather
   -- than at its next heartbeat.
-  publish('R ' .. head_owner)
+  tell(head_waker, 'R ' .. head_owner)
 end
 
 if not may_queue then
@@ -128,7 +133,8 @@ if ticket then
     ticket = nil
   end
 end
-if not ticket then
+local new_ticket = not ticket
+if new_ticket then
   -- Tickets only grow, also if F was lost (evicted) while the queue lived on.
   local number = redis.call('HINCRBY', F, 's', 1)
   if has_queue then
@@ -146,7 +152,18 @@ if not ticket then
   end
 end
 redis.call('ZADD', Z, int(now_ms + waiter_ttl), ticket)
-redis.call('HSET', W, '#' .. ticket, int(waiter_ttl) .. ':' .. attempt .. ':' .. owner)
+local record = int(waiter_ttl) .. ':' .. attempt .. ':' .. owner
+if waker == '' then
+  redis.call('HSET', W, '#' .. ticket, record)
+  if new_ticket then
+    -- No waker: told on C. A "$" field of an earlier holder of this ticket number (left by
+    -- an older version's scripts, which do not delete it, when F was lost since) must not
+    -- send this waiter's wake-ups elsewhere.
+    redis.call('HDEL', W, '$' .. ticket)
+  end
+else
+  redis.call('HSET', W, '#' .. ticket, record, '$' .. ticket, waker)
+end
 if fence.name ~= name then
   redis.call('HSET', F, 'n', name)
 end

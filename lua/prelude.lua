@@ -18,14 +18,19 @@
 --              so the lowest is first in line). Leaving removes the entry: no tombstones.
 --   Z  zset    the same tickets -> liveness deadline (server ms). A ticket whose deadline
 --              has passed is dead; calls evict a bounded number of them (see DROP_BUDGET).
---   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket.
+--   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket, and
+--              "$<ticket>" -> the waker: which process's channel (C:<waker>) tells this waiter.
+--              A record without one (queued by a version before these channels) is told on C.
 --   F  hash    t=last fencing token, s=last ticket, n=lock name. It outlives everything else
 --              of the lock by the fence margin, then expires (keep_fence): an idle lock
 --              leaves no key.
---   C  channel for wake-ups (a shard channel in sharded mode): "G <token> <attempt> <owner>"
---      (hand-over to that attempt), "R <owner>" (look again), "A" (every waiter: look again).
---      The owner comes last: it may contain spaces. Not a key: the channel is passed as the
---      second-to-last ARGV, so a slot migration does not count it as a missing key.
+--   C  channel for wake-ups (a shard channel in sharded mode): "A" (every waiter: look again).
+--      C:<waker> is the channel of one process (one backend's subscriber): "G <token> <attempt>
+--      <owner>" (hand-over to that attempt), "R <owner>" (look again) go to the waiter's
+--      process alone, so a hand-over does not wake every process waiting for the lock. The
+--      owner comes last: it may contain spaces. Not keys: C is passed as the second-to-last
+--      ARGV, so a slot migration does not count it as a missing key; C:<waker> shares its hash
+--      tag, so its slot.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
 --              spent when it is granted a level (grant, re-entry, hand-over) and when it
 --              ends (release, abandon). PEXPIREAT = the latest score, so an idle lock's
@@ -84,6 +89,17 @@ local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 -- after its writes, which Redis would not roll back.
 local function publish(message)
   redis.pcall(PUBLISH, C, message)
+end
+
+-- Publishes a wake-up for one waiter: on its process's channel, or on C when its record names
+-- none.
+local function tell(waker, message)
+  redis.pcall(PUBLISH, waker and (C .. ':' .. waker) or C, message)
+end
+
+-- A waker as acquire receives it: up to 32 lowercase hex digits, or "" for none.
+local function is_waker(text)
+  return type(text) == 'string' and #text <= 32 and string.find(text, '^[0-9a-f]*$') ~= nil
 end
 
 -- Integers as decimal strings: Lua 5.1 would print large numbers in exponent form.
@@ -378,9 +394,11 @@ local function save_spent()
   redis.call('PEXPIREAT', X, int(tonumber(latest[2])))
 end
 
--- A waiter record: its ttl (ms), attempt and owner; nothing if missing or malformed.
+-- A waiter record: its ttl (ms), attempt, owner and waker (nil if none); nothing if missing or
+-- malformed.
 local function waiter_record(ticket)
-  local record = redis.call('HGET', W, '#' .. ticket)
+  local fields = redis.call('HMGET', W, '#' .. ticket, '$' .. ticket)
+  local record = fields[1]
   if not record then
     return nil
   end
@@ -390,7 +408,8 @@ local function waiter_record(ticket)
   if not second or not ttl then
     return nil
   end
-  return ttl, string.sub(record, first + 1, second - 1), string.sub(record, second + 1)
+  return ttl, string.sub(record, first + 1, second - 1), string.sub(record, second + 1),
+    fields[2] or nil
 end
 
 -- The most queue entries one call drops (dead waiters and the entries of waiters that left):
@@ -419,12 +438,14 @@ local function drop_tickets(tickets)
   end
   queue_touched = true
   dropped = dropped + #tickets
-  local fields = {}
+  local records_of, fields = {}, {}
   for i, ticket in ipairs(tickets) do
-    fields[i] = '#' .. ticket
+    records_of[i] = '#' .. ticket
+    table.insert(fields, '#' .. ticket)
+    table.insert(fields, '$' .. ticket)
     note_dropped(ticket)
   end
-  local records = redis.call('HMGET', W, unpack(fields))
+  local records = redis.call('HMGET', W, unpack(records_of))
   -- "@<attempt>" is deleted only while it still points at the ticket being dropped.
   local attempts, owners_of = {}, {}
   for i, record in ipairs(records) do
@@ -454,7 +475,7 @@ local function forget(ticket, attempt)
   note_dropped(ticket)
   redis.call('ZREM', Z, ticket)
   redis.call('ZREM', Q, ticket)
-  redis.call('HDEL', W, '#' .. ticket, '@' .. attempt)
+  redis.call('HDEL', W, '#' .. ticket, '$' .. ticket, '@' .. attempt)
 end
 
 -- Removes the queue entry of `attempt`, if it has one: O(log n), nothing left behind. Returns
@@ -473,7 +494,7 @@ local function evict_expired()
   drop_tickets(expired)
 end
 
--- The first live ticket and its ttl, attempt and owner. Dead entries in front of it are
+-- The first live ticket and its ttl, attempt, owner and waker. Dead entries in front of it are
 -- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown.
 local function head()
   -- A few first (the head is usually live), then the rest of the budget in one batch.
@@ -488,10 +509,10 @@ local function head()
     for i, ticket in ipairs(tickets) do
       local deadline = tonumber(deadlines[i])
       if deadline and deadline > now_ms then
-        local ttl, attempt, owner = waiter_record(ticket)
+        local ttl, attempt, owner, waker = waiter_record(ticket)
         if ttl then
           drop_tickets(dead)
-          return ticket, ttl, attempt, owner
+          return ticket, ttl, attempt, owner, waker
         end
       end
       table.insert(dead, ticket)
@@ -553,7 +574,7 @@ local function hand_over(last_token)
     return
   end
   evict_expired()
-  local ticket, ttl, attempt, owner = head()
+  local ticket, ttl, attempt, owner, waker = head()
   if not ticket then
     if head_unknown and live_waiters() > 0 then
       -- Live waiters stand behind more dead ones than this call may clear: the lock stays
@@ -572,7 +593,7 @@ local function hand_over(last_token)
   redis.call('PEXPIREAT', H, until_ms)
   hold_ttl = ttl
   spend(attempt)
-  publish('G ' .. token .. ' ' .. attempt .. ' ' .. owner)
+  tell(waker, 'G ' .. token .. ' ' .. attempt .. ' ' .. owner)
 end
 
 -- F outlives everything of the lock (the hold's lease, the last waiter's deadline) by the

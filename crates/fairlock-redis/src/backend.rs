@@ -345,6 +345,14 @@ impl LockBackend for RedisBackend {
             if request.queue { "1" } else { "0" }.to_owned(),
             name.to_owned(),
             millis(RESEND_HORIZON),
+            // Where the scripts tell this attempt's owner: this process alone when the owner
+            // acts through this backend only, else the lock's channel, which every process
+            // watching the lock hears (an owner with attempts in several processes).
+            if request.owner.is_unique() {
+                self.inner.dispatcher.waker().to_owned()
+            } else {
+                String::new()
+            },
         ];
         args.extend(self.trailer(name));
         let (reply, sent) = self.run_for_text_on(script, name, args).await?;

@@ -1,20 +1,24 @@
 //! Wake-ups: one subscriber connection per backend fans messages out to local waiters.
 //!
-//! Each lock has a channel: a shard channel (`SSUBSCRIBE`) where the server has sharded pub/sub,
-//! a classic one (`SUBSCRIBE`) on Redis 6.2; see [`crate::pubsub`]. Both kinds of message
-//! arrive on the subscriber's one message stream, named by their channel. The scripts publish
-//! `G <token> <attempt> <owner>` when they hand the lock to that attempt of `owner`,
-//! `R <owner>` when `owner` should look again, and `A` when every waiter should (the lock is
-//! free but dead waiters in front are still being cleared).
-//! Locally, a channel maps to the watches of this process, by owner: every watch of the owner
-//! gets the message, and the core tells its attempts apart. The channel is subscribed while
-//! it has at least one local watch.
+//! Each lock has a channel, and each dispatcher (one per backend) one more per lock, the
+//! lock's channel followed by `:<waker>`, a random id of the dispatcher that its waiters'
+//! records name (see `lua/prelude.lua`). They are shard channels (`SSUBSCRIBE`) where the
+//! server has sharded pub/sub, classic ones (`SUBSCRIBE`) on Redis 6.2; see [`crate::pubsub`].
+//! Both kinds of message arrive on the subscriber's one message stream, named by their
+//! channel. The scripts publish `G <token> <attempt> <owner>` when they hand the lock to that
+//! attempt of `owner` and `R <owner>` when `owner` should look again, on the channel of the
+//! waiter's process: a hand-over wakes that process alone, not every process waiting for the
+//! lock. `A`, when every waiter should look (the lock is free but dead waiters in front are
+//! still being cleared), goes on the lock's channel.
+//! Locally, a lock maps to the watches of this process, by owner: every watch of the owner
+//! gets the message, and the core tells its attempts apart. Both channels of a lock are
+//! subscribed while it has at least one local watch.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use fairlock::backend::{Grant, Wake, WakeSender, Watch};
+use fairlock::backend::{AttemptId, Grant, Wake, WakeSender, Watch};
 use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
 use fred::types::cluster::ClusterRouting;
@@ -41,6 +45,9 @@ const LAG_RECHECK_INTERVAL: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 pub(crate) struct Dispatcher {
     subscriber: SubscriberClient,
+    /// This dispatcher's channel of each lock is the lock's channel followed by this suffix:
+    /// `:` and the waker, random hex digits that acquire stores in its waiter record.
+    own_suffix: String,
     /// Whether channels are subscribed with `SSUBSCRIBE` or `SUBSCRIBE`.
     pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
@@ -72,11 +79,13 @@ fn slot_map(client: &impl ClusterInterface) -> Option<SlotMap> {
 }
 
 #[derive(Debug, Default)]
+/// A lock's channel, which also stands for this dispatcher's channel of the lock: the two are
+/// subscribed and unsubscribed together.
 struct Channel {
-    /// Local watches on this channel; it is unsubscribed when this drops to 0.
+    /// Local watches of the lock; both channels are unsubscribed when this drops to 0.
     watches: usize,
-    /// Whether the server has us subscribed. Its lock orders subscribing and unsubscribing
-    /// this channel, so a late unsubscribe never undoes a newer subscribe.
+    /// Whether the server has us subscribed to both. Its lock orders subscribing and
+    /// unsubscribing them, so a late unsubscribe never undoes a newer subscribe.
     subscribed: Arc<tokio::sync::Mutex<bool>>,
     senders: HashMap<String, Vec<WakeSender>>,
 }
@@ -97,7 +106,10 @@ impl Dispatcher {
         pubsub: Arc<Detection>,
         trust_grants: bool,
     ) -> Arc<Self> {
+        // 64 random bits: processes need distinct channels, nothing more.
+        let waker = format!("{:016x}", AttemptId::random().as_u128() as u64);
         let dispatcher = Arc::new(Dispatcher {
+            own_suffix: format!(":{waker}"),
             subscriber,
             pubsub,
             channels: Mutex::new(HashMap::new()),
@@ -322,10 +334,19 @@ impl Dispatcher {
     /// out of band): a message published right after could reach the server first and be
     /// lost. So a classic subscribe is followed by a `PING` on the same connection, whose
     /// reply comes after the server has run the `SUBSCRIBE`.
+    ///
+    /// `channel` is a lock's channel: this dispatcher's channel of the lock is subscribed
+    /// first, so that once the lock's channel has a subscriber, both have.
     async fn subscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
+        let own = self.own_channel(channel);
         match self.pubsub.mode().await? {
-            PubsubMode::Sharded => self.subscriber.ssubscribe(channel).await,
+            PubsubMode::Sharded => {
+                // One command each: fred waits for the reply to one channel only.
+                self.subscriber.ssubscribe(own).await?;
+                self.subscriber.ssubscribe(channel).await
+            }
             PubsubMode::Classic => {
+                self.subscriber.subscribe(own).await?;
                 self.subscriber.subscribe(channel).await?;
                 // The node fred sends classic subscriptions to in a Cluster (see fred's
                 // `cluster_hash_legacy_command`); ignored elsewhere.
@@ -337,14 +358,32 @@ impl Dispatcher {
         }
     }
 
-    /// Unsubscribes `channel`; nothing to do while the mode is unknown, since nothing was
-    /// subscribed then.
+    /// Unsubscribes a lock's `channel` and this dispatcher's channel of the lock; nothing to do
+    /// while the mode is unknown, since nothing was subscribed then.
     async fn unsubscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
+        let own = self.own_channel(channel);
         match self.pubsub.known() {
-            Some(PubsubMode::Sharded) => self.subscriber.sunsubscribe(channel).await,
-            Some(PubsubMode::Classic) => self.subscriber.unsubscribe(channel).await,
+            // Both, whatever the first reply: nothing tries again after the linger.
+            Some(PubsubMode::Sharded) => {
+                let first = self.subscriber.sunsubscribe(channel).await;
+                first.and(self.subscriber.sunsubscribe(own).await)
+            }
+            Some(PubsubMode::Classic) => {
+                let first = self.subscriber.unsubscribe(channel).await;
+                first.and(self.subscriber.unsubscribe(own).await)
+            }
             None => Ok(()),
         }
+    }
+
+    /// This dispatcher's channel of the lock whose channel is `channel`.
+    fn own_channel(&self, channel: &str) -> String {
+        format!("{channel}{}", self.own_suffix)
+    }
+
+    /// The waker the scripts store for this dispatcher's waiters (see `lua/acquire.lua`).
+    pub(crate) fn waker(&self) -> &str {
+        &self.own_suffix[1..]
     }
 
     fn has_watches(&self, channel: &str) -> bool {
@@ -364,8 +403,9 @@ impl Dispatcher {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers `owner` on `channel`, subscribing first if this is the channel's first
-    /// local watch. Returns once the server confirmed the subscription.
+    /// Registers `owner` on the lock whose channel is `channel`, subscribing the lock's two
+    /// channels first if this is its first local watch. Returns once the server confirmed
+    /// both subscriptions.
     pub(crate) async fn watch(
         self: &Arc<Self>,
         channel: &str,
@@ -464,6 +504,8 @@ impl Dispatcher {
         if !self.trust_grants && matches!(wake, Wake::Granted { .. }) {
             wake = Wake::Recheck;
         }
+        // This dispatcher's channel of a lock delivers to the lock's watches.
+        let channel = channel.strip_suffix(&self.own_suffix).unwrap_or(channel);
         let mut channels = self.channels();
         let Some(entry) = channels.get_mut(channel) else {
             return;

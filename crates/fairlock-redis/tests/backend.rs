@@ -9,7 +9,7 @@ use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, Grant, LockBackend, ReleaseOutcome, Wake, Watch,
     RESEND_HORIZON,
 };
-use fairlock::{Error, LockName};
+use fairlock::{Error, LockName, Owner};
 use fairlock_redis::RedisBackend;
 
 async fn queued(backend: &RedisBackend, request: &AcquireRequest) -> Option<Duration> {
@@ -772,7 +772,7 @@ async fn a_resent_script_is_applied_once() {
             &server,
             tag,
             "acquire",
-            &["a", attempt, "30000", "5000", "1", tag, &horizon],
+            &["a", attempt, "30000", "5000", "1", tag, &horizon, ""],
         )
     };
     let first = acquire(&x);
@@ -1097,6 +1097,8 @@ fn ssubscribe_calls(server: &Server) -> u64 {
         .map_or(0, |calls| calls.parse().unwrap())
 }
 
+/// Watches share the lock's subscriptions (its channel, and the backend's own channel of the
+/// lock), which linger a little after the last watch and then go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_share_one_subscription_per_lock_and_drop_it() {
     let server = Server::start();
@@ -1106,32 +1108,276 @@ async fn watches_share_one_subscription_per_lock_and_drop_it() {
         .await
         .unwrap();
     let lock = name();
-    let channel = format!("fairlock:{{{lock}}}:c");
+    let channel = key(&lock, "c");
     let subscribers = || server.cli(&["PUBSUB", "SHARDNUMSUB", &channel]);
     let first = backend.watch(&lock, &owner("a")).await.unwrap();
     let second = backend.watch(&lock, &owner("b")).await.unwrap();
     assert_eq!(subscribers(), format!("{channel}\n1"));
+    let channels = subscribed_channels(&server, &lock);
+    assert_eq!(channels.len(), 2, "{channels:?}");
     assert_eq!(
         ssubscribe_calls(&server),
-        1,
-        "one subscription for both watches"
+        2,
+        "one subscription of the lock's two channels for both watches"
     );
     drop(first);
     drop(second);
     // Within the linger, watching again reuses the subscription.
     let third = backend.watch(&lock, &owner("c")).await.unwrap();
-    assert_eq!(ssubscribe_calls(&server), 1, "the subscription lingered");
+    assert_eq!(ssubscribe_calls(&server), 2, "the subscription lingered");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(subscribers(), format!("{channel}\n1"), "c still watches");
+    assert_eq!(
+        subscribed_channels(&server, &lock),
+        channels,
+        "c still watches"
+    );
     drop(third);
     let started = std::time::Instant::now();
-    while subscribers() != format!("{channel}\n0") {
+    while !subscribed_channels(&server, &lock).is_empty() {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "never unsubscribed"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The shard channels of `lock` this server has subscribers for, sorted.
+fn subscribed_channels(server: &Server, lock: &LockName) -> Vec<String> {
+    let pattern = format!("{}*", key(lock, "c"));
+    let mut channels: Vec<String> = server
+        .cli(&["PUBSUB", "SHARDCHANNELS", &pattern])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    channels.sort();
+    channels
+}
+
+/// Everything published on `channels` while `act` runs, read by a subscriber of the test's
+/// own: (channel, message) in order. A marker the test publishes on the first channel after
+/// `act` ends the reading.
+async fn published_during<F: std::future::Future<Output = ()>>(
+    server: &Server,
+    channels: &[String],
+    act: F,
+) -> Vec<(String, String)> {
+    use fairlock_redis::fred::clients::SubscriberClient;
+    use fairlock_redis::fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+    use fairlock_redis::fred::types::config::Config;
+    let listener =
+        SubscriberClient::new(Config::from_url(&server.url()).unwrap(), None, None, None);
+    listener.init().await.unwrap();
+    let mut messages = listener.message_rx();
+    for channel in channels {
+        listener.ssubscribe(channel.as_str()).await.unwrap();
+    }
+    act.await;
+    server.cli(&["SPUBLISH", &channels[0], "end"]);
+    let mut seen = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.recv())
+            .await
+            .expect("the marker arrives within 5 s")
+            .unwrap();
+        let payload: String = message.value.convert().unwrap();
+        if payload == "end" {
+            break;
+        }
+        seen.push((message.channel.to_string(), payload));
+    }
+    listener.quit().await.unwrap();
+    seen
+}
+
+/// A hand-over to an owner that acts through one backend (`Owner::unique`, as every handle of
+/// `LockClient::fair_lock` has) is published on the channel of the grantee's process alone
+/// (issue 13: with one channel per lock, every hand-over woke every process waiting for the
+/// lock). Each backend watching a lock subscribes the lock's channel (for messages to every
+/// waiter) and one of its own under the lock's tag, which its waiters' records name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_is_published_to_the_grantees_process_alone() {
+    let server = Server::start();
+    let (holder, second, third) = (
+        server.backend().await,
+        server.backend().await,
+        server.backend().await,
+    );
+    let (lock, a, b, c) = (name(), Owner::unique(), Owner::unique(), Owner::unique());
+    let lock_channel = key(&lock, "c");
+    let mut b_watch = second.watch(&lock, &b).await.unwrap();
+    let seconds = subscribed_channels(&server, &lock);
+    let mut c_watch = third.watch(&lock, &c).await.unwrap();
+    let all = subscribed_channels(&server, &lock);
+    assert_eq!(
+        all.len(),
+        3,
+        "the lock's channel and one per backend: {all:?}"
+    );
+    assert!(all.contains(&lock_channel), "{all:?}");
+    let second_channel = seconds
+        .into_iter()
+        .find(|channel| *channel != lock_channel)
+        .expect("the second backend has a channel of its own");
+
+    let holding = request(&lock, &a, true);
+    let grant = granted(&holder, &holding).await;
+    let (b_request, c_request) = (request(&lock, &b, true), request(&lock, &c, true));
+    queued(&second, &b_request).await;
+    queued(&third, &c_request).await;
+    let mut listened = vec![lock_channel.clone()];
+    listened.extend(
+        all.iter()
+            .filter(|channel| **channel != lock_channel)
+            .cloned(),
+    );
+    let seen = published_during(&server, &listened, async {
+        release(&holder, &holding, grant.token).await;
+    })
+    .await;
+    assert_eq!(seen.len(), 1, "one message for the hand-over: {seen:?}");
+    assert_eq!(
+        seen[0].0, second_channel,
+        "on b's backend's channel: {seen:?}"
+    );
+    assert!(
+        seen[0].1.starts_with("G ") && seen[0].1.ends_with(&format!(" {b}")),
+        "{seen:?}"
+    );
+    handed_over(&mut b_watch, &b_request).await;
+    let heard = tokio::time::timeout(Duration::from_millis(200), c_watch.recv()).await;
+    assert!(heard.is_err(), "c's backend heard {heard:?}");
+}
+
+/// A waiter whose record names no channel of its process (queued by a version before
+/// per-process channels, during a rolling upgrade) is woken on the lock's channel, which every
+/// watching backend keeps subscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_record_names_no_channel_is_woken_on_the_locks_channel() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), Owner::unique(), Owner::unique());
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
+    let waiters = key(&lock, "w");
+    let ticket = server.cli(&["HGET", &waiters, &format!("@{}", waiting.attempt)]);
+    assert_eq!(
+        server.cli(&["HDEL", &waiters, &format!("${ticket}")]),
+        "1",
+        "the record named the backend's channel"
+    );
+    let seen = published_during(&server, &[key(&lock, "c")], async {
+        release(&backend, &holding, grant.token).await;
+    })
+    .await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    handed_over(&mut watch, &waiting).await;
+}
+
+/// An owner of the caller's choosing may wait in several processes at once: a hand-over to one
+/// of its attempts reaches its watches in every process (on the lock's channel), so an attempt
+/// elsewhere re-enters at once rather than at its next heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_waiting_in_two_processes_hears_of_its_grant_in_both() {
+    let server = Server::start();
+    let (holder, here, there) = (
+        server.backend().await,
+        server.backend().await,
+        server.backend().await,
+    );
+    let (lock, a, job) = (name(), Owner::unique(), owner("job-7"));
+    let holding = request(&lock, &a, true);
+    let grant = granted(&holder, &holding).await;
+    let _here_watch = here.watch(&lock, &job).await.unwrap();
+    let mut there_watch = there.watch(&lock, &job).await.unwrap();
+    let (first, second) = (request(&lock, &job, true), request(&lock, &job, true));
+    queued(&here, &first).await;
+    queued(&there, &second).await;
+    release(&holder, &holding, grant.token).await;
+    match next_wake(&mut there_watch).await {
+        Wake::Granted { attempt, .. } => assert_eq!(attempt, first.attempt),
+        other => panic!("expected the hand-over to the first attempt, got {other:?}"),
+    }
+    // Which lets the second attempt re-enter now.
+    assert_eq!(granted(&there, &second).await.hold_count, 2);
+}
+
+/// A waiter without a waker is told on the lock's channel even when its ticket number had a
+/// waker before: older versions' scripts leave a ticket's "$" field behind, and ticket numbers
+/// start again after the fence hash is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_without_a_waker_ignores_a_stale_one() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, job) = (name(), Owner::unique(), owner("job-7"));
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let waiters = key(&lock, "w");
+    // The first ticket will be 1.
+    server.cli(&["HSET", &waiters, "$1", "00ff"]);
+    let _watch = backend.watch(&lock, &job).await.unwrap();
+    let waiting = request(&lock, &job, true);
+    queued(&backend, &waiting).await;
+    assert_eq!(
+        server.cli(&["HGET", &waiters, &format!("@{}", waiting.attempt)]),
+        "1"
+    );
+    let lock_channel = key(&lock, "c");
+    let stale = format!("{lock_channel}:00ff");
+    let seen = published_during(&server, &[lock_channel.clone(), stale], async {
+        release(&backend, &holding, grant.token).await;
+    })
+    .await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, lock_channel, "{seen:?}");
+}
+
+/// A waiter's record goes whole when it leaves the queue, however it leaves: abandoned,
+/// handed the lock, or evicted dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_leaves_no_field_behind() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let [a, b, c, d, e] = std::array::from_fn(|_| Owner::unique());
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let handed = request(&lock, &b, true);
+    let abandoned = request(&lock, &c, true);
+    let dead = with_ttl(request(&lock, &d, true), 100);
+    let staying = request(&lock, &e, true);
+    for waiter in [&handed, &abandoned, &dead, &staying] {
+        queued(&backend, waiter).await;
+    }
+    let fields = || {
+        let mut fields: Vec<String> = server
+            .cli(&["HKEYS", &key(&lock, "w")])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        fields.sort();
+        fields
+    };
+    assert_eq!(
+        fields().len(),
+        12,
+        "three fields per waiter: {:?}",
+        fields()
+    );
+    abandon(&backend, &abandoned).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release(&backend, &holding, grant.token).await;
+    let ticket = server.cli(&["HGET", &key(&lock, "w"), &format!("@{}", staying.attempt)]);
+    let mut expected = vec![
+        format!("#{ticket}"),
+        format!("${ticket}"),
+        format!("@{}", staying.attempt),
+    ];
+    expected.sort();
+    assert_eq!(fields(), expected, "only the staying waiter's record");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

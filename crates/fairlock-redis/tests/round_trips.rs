@@ -1,5 +1,6 @@
 //! What the user API costs in Redis commands: an uncontended `lock()` is one script call and
-//! subscribes to nothing; only a caller that has to wait subscribes to wake-ups.
+//! subscribes to nothing; only a caller that has to wait subscribes to wake-ups (the lock's
+//! channel and its backend's channel of the lock).
 
 mod common;
 
@@ -53,5 +54,9 @@ async fn only_a_caller_that_waits_subscribes() {
         .unwrap()
         .unwrap();
     assert!(next.unwrap() > token);
-    assert_eq!(calls(&server, "ssubscribe"), 1);
+    assert_eq!(
+        calls(&server, "ssubscribe"),
+        2,
+        "once each: the lock's channel and the backend's own"
+    );
 }

@@ -219,7 +219,10 @@ use crate::wake_queue;
 ///
 /// **Wake-ups may be lost.** Delivery to a [`Watch`] is best effort: a backend MAY lose
 /// messages (reconnects, lag). A watch is per owner: every watch of the owner receives a
-/// wake-up about any of its attempts, and the core tells its attempts apart. The core
+/// wake-up about any of its attempts, and the core tells its attempts apart. For an owner
+/// that [`Owner::is_unique`], which acts through one backend value, "every watch" may be read
+/// as every watch registered through the backend value (and its clones) that made the
+/// attempt's request: a backend MAY send its wake-ups there alone. The core
 /// re-checks by calling `acquire` at least every `waiter_ttl / 3` (the heartbeat), and sooner
 /// when [`AcquireOutcome::Queued`] carries a `retry_after` hint, so a lost wake-up delays a
 /// waiter by at most one heartbeat. A backend SHOULD give `retry_after` = the holder's

@@ -114,6 +114,12 @@ impl LockClient {
     /// lives as long as they renew the hold. Handles from [`fair_lock`](Self::fair_lock)
     /// free such a level instead (see [`FairLock`]).
     ///
+    /// An owner from [`Owner::unique`] (such as a `fair_lock` handle's
+    /// [`owner`](FairLock::owner)) is taken to act through one backend value: share it only
+    /// with clients of this client's backend, or its attempts elsewhere may hear of a grant
+    /// to the owner only at their next heartbeat. [`Owner::new`] with its id makes one that
+    /// may act anywhere.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
     pub fn fair_lock_as(&self, name: &str, owner: Owner) -> Result<FairLock> {

@@ -67,8 +67,39 @@ impl fmt::Display for LockName {
 /// critical section at once. Give each task its own handle unless that is what you want.
 ///
 /// An owner id is 1 to [`MAX_OWNER_LEN`] bytes of printable UTF-8 (no control characters).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Owner(Arc<str>);
+/// Owners compare by id alone.
+#[derive(Clone)]
+pub struct Owner {
+    id: Arc<str>,
+    /// Made by `Owner::unique`: see [`Owner::is_unique`].
+    unique: bool,
+}
+
+impl PartialEq for Owner {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Owner {}
+
+impl std::hash::Hash for Owner {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialOrd for Owner {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Owner {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.id.cmp(&other.id)
+    }
+}
 
 impl Owner {
     /// An owner id chosen by the caller.
@@ -92,29 +123,60 @@ impl Owner {
                 "must not contain control characters",
             ));
         }
-        Ok(Owner(id.into()))
+        Ok(Owner {
+            id: id.into(),
+            unique: false,
+        })
     }
 
     /// A fresh owner, unique with overwhelming probability (122 random bits).
+    ///
+    /// It is taken to act through one backend value (one [`LockClient`](crate::LockClient) and
+    /// its clones), which lets a backend send the wake-ups of its attempts there alone (see
+    /// [`Owner::is_unique`]). To act as one owner through several clients or processes, use
+    /// [`Owner::new`] with an id of your own.
     pub fn unique() -> Self {
-        Owner(uuid::Uuid::new_v4().simple().to_string().into())
+        Owner {
+            id: uuid::Uuid::new_v4().simple().to_string().into(),
+            unique: true,
+        }
+    }
+
+    /// Whether this owner was made by [`Owner::unique`] (and not rebuilt from its id by
+    /// [`Owner::new`]). Such an owner acts through one backend value, so a backend MAY deliver
+    /// the wake-ups about its attempts only to the watches registered through the backend
+    /// value that made the request (the Redis backend publishes them on a channel of that
+    /// process alone). An owner from [`Owner::new`] may act from anywhere: its wake-ups go to
+    /// every watch of it.
+    ///
+    /// ```
+    /// use fairlock::Owner;
+    ///
+    /// let owner = Owner::unique();
+    /// assert!(owner.is_unique());
+    /// let rebuilt = Owner::new(owner.as_str()).unwrap();
+    /// assert!(!rebuilt.is_unique());
+    /// assert_eq!(owner, rebuilt, "the same owner all the same");
+    /// ```
+    pub fn is_unique(&self) -> bool {
+        self.unique
     }
 
     /// The owner id.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.id
     }
 }
 
 impl fmt::Debug for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.id, f)
     }
 }
 
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 
