@@ -73,16 +73,17 @@ fn key(name: &LockName, suffix: &str) -> String {
     format!("fairlock:{{{}}}:{suffix}", name.as_str())
 }
 
+/// The lines `redis-cli` prints for `args`, sorted.
+fn sorted_lines(server: &Server, args: &[&str]) -> Vec<String> {
+    let mut lines: Vec<String> = server.cli(args).lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
 /// Keys left under this lock's tag, found with `redis-cli --scan`.
 fn keys_of(server: &Server, name: &LockName) -> Vec<String> {
     let pattern = format!("fairlock:{{{}}}*", name.as_str());
-    let mut keys: Vec<String> = server
-        .cli(&["--scan", "--pattern", &pattern])
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    keys.sort();
-    keys
+    sorted_lines(server, &["--scan", "--pattern", &pattern])
 }
 
 /// What an idle lock keeps once attempts have ended on it: the fence, and the ended-attempt
@@ -1145,13 +1146,7 @@ async fn watches_share_one_subscription_per_lock_and_drop_it() {
 /// The shard channels of `lock` this server has subscribers for, sorted.
 fn subscribed_channels(server: &Server, lock: &LockName) -> Vec<String> {
     let pattern = format!("{}*", key(lock, "c"));
-    let mut channels: Vec<String> = server
-        .cli(&["PUBSUB", "SHARDCHANNELS", &pattern])
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    channels.sort();
-    channels
+    sorted_lines(server, &["PUBSUB", "SHARDCHANNELS", &pattern])
 }
 
 /// Everything published on `channels` while `act` runs, read by a subscriber of the test's
@@ -1352,15 +1347,7 @@ async fn a_waiter_leaves_no_field_behind() {
     for waiter in [&handed, &abandoned, &dead, &staying] {
         queued(&backend, waiter).await;
     }
-    let fields = || {
-        let mut fields: Vec<String> = server
-            .cli(&["HKEYS", &key(&lock, "w")])
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        fields.sort();
-        fields
-    };
+    let fields = || sorted_lines(&server, &["HKEYS", &key(&lock, "w")]);
     assert_eq!(
         fields().len(),
         12,
