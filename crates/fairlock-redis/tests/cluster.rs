@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{owner, request};
 use fairlock::backend::{AcquireOutcome, LockBackend, ReleaseOutcome, Wake};
-use fairlock::LockName;
+use fairlock::{LockName, Owner};
 use fairlock_redis::RedisBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,7 +24,9 @@ async fn hand_over_and_list_work_on_every_node() {
             .unwrap()
         })
         .collect();
-    let (a, b) = (owner("a"), owner("b"));
+    // b from `Owner::unique`: its hand-overs go on the backend's own channel of each lock,
+    // which must be subscribed on the lock's node, whichever it is.
+    let (a, b) = (owner("a"), Owner::unique());
     let mut holds = Vec::new();
     for name in &names {
         let holding = request(name, &a, true);
