@@ -51,6 +51,9 @@ enum Kind {
     PendingLastsLease,
     /// `list` counts waiters that died.
     ListCountsDead,
+    /// A hand-over reaches only the instance that made the grantee's request, whatever the
+    /// owner (allowed for an `Owner::unique` owner alone).
+    InstanceLocalWakeups,
 }
 
 /// The checks written for each clause: at least one of them must fail.
@@ -79,6 +82,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ReentryKeepsLease => &["reentry_lengthens_the_lease"],
         Kind::PendingLastsLease => &["pending_grant_lasts_the_waiter_ttl"],
         Kind::ListCountsDead => &["list_ignores_dead_waiters"],
+        Kind::InstanceLocalWakeups => &["shared_owner_hears_grants_in_every_instance"],
     }
 }
 
@@ -94,6 +98,9 @@ struct Mutant {
     /// The most waiters `list` ever saw per lock (for the mutant that never forgets them),
     /// shared by every instance, as a store's state would be.
     listed: Arc<Mutex<HashMap<String, usize>>>,
+    /// The attempts whose requests this instance made (for the mutant that keeps hand-overs
+    /// in the instance).
+    local: Arc<Mutex<std::collections::HashSet<AttemptId>>>,
 }
 
 impl Mutant {
@@ -107,6 +114,7 @@ impl Mutant {
             inner,
             attempts: Mutex::default(),
             listed,
+            local: Arc::default(),
         }
     }
 
@@ -158,6 +166,9 @@ impl LockBackend for Mutant {
                     hold_count: holder.hold_count,
                 }));
             }
+        }
+        if self.kind == Kind::InstanceLocalWakeups {
+            self.local.lock().unwrap().insert(request.attempt);
         }
         let mut inner = request.clone();
         inner.attempt = self.inner_attempt(&request.owner, request.attempt);
@@ -298,14 +309,24 @@ impl LockBackend for Mutant {
 
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
         let mut inner = self.inner.watch(name, owner).await?;
-        if !matches!(self.kind, Kind::TokensDecrease | Kind::PerOwner) {
+        if !matches!(
+            self.kind,
+            Kind::TokensDecrease | Kind::PerOwner | Kind::InstanceLocalWakeups
+        ) {
             return Ok(inner);
         }
-        // Translate what the inner backend sends: tokens, and (per owner) which attempt.
+        // Translate what the inner backend sends: tokens, (per owner) which attempt, and
+        // (instance-local) whether it is for this instance at all.
         let (sender, watch) = Watch::channel();
         let kind = self.kind;
+        let local = Arc::clone(&self.local);
         tokio::spawn(async move {
             while let Some(wake) = inner.recv().await {
+                if let (Kind::InstanceLocalWakeups, Wake::Granted { attempt, .. }) = (kind, wake) {
+                    if !local.lock().unwrap().contains(&attempt) {
+                        continue;
+                    }
+                }
                 let wake = match (kind, wake) {
                     (Kind::TokensDecrease, Wake::Granted { attempt, grant }) => Wake::Granted {
                         attempt,
@@ -369,6 +390,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::ReentryKeepsLease,
         Kind::PendingLastsLease,
         Kind::ListCountsDead,
+        Kind::InstanceLocalWakeups,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
     // has to fail the check written for its clause.

@@ -179,3 +179,66 @@ pub async fn instances_share_state(open: Arc<dyn OpenBackend>) {
     waiter.release().await;
     support::wait_clean(&one, &name, format!("{CHECK}: clean at the end")).await;
 }
+
+/// An owner of the caller's choosing ([`Owner::new`]) may wait through several instances at
+/// once, as a job whose steps run in several processes would: a hand-over to its attempt in
+/// one instance must reach its watches in the others too, so that its attempt there re-enters
+/// at once, not at its next heartbeat (the contract: every watch of the owner hears of any of
+/// its attempts; only an [`Owner::unique`] owner's may stay in the instance that made the
+/// request).
+pub async fn shared_owner_hears_grants_in_every_instance(open: Arc<dyn OpenBackend>) {
+    const CHECK: &str = "shared_owner_hears_grants_in_every_instance";
+    // A heartbeat every 10 s: the second attempt can only make it in time by a wake-up.
+    let options = crate::LockOptions {
+        waiter_ttl: Duration::from_secs(30),
+        ..support::options()
+    };
+    let holding = support::client(&open.open().await);
+    let here = support::client_with(&open.open().await, options.clone());
+    let there = support::client_with(&open.open().await, options);
+    let name = support::lock_name(CHECK);
+    let shared = Owner::new(format!("job-{:016x}", rand::random::<u64>())).or_fail(CHECK);
+    let held = holding
+        .fair_lock(&name)
+        .or_fail(CHECK)
+        .lock()
+        .await
+        .or_fail(format!("{CHECK}: the holder locks"));
+    let mut first = support::Waiter::enqueue(
+        format!("{CHECK}: the first attempt"),
+        &holding,
+        here.fair_lock_as(&name, shared.clone()).or_fail(CHECK),
+    )
+    .await;
+    let mut second = support::Waiter::spawn(
+        format!("{CHECK}: the second attempt"),
+        there.fair_lock_as(&name, shared.clone()).or_fail(CHECK),
+    );
+    support::state_where(
+        &holding,
+        &name,
+        support::EVENTUALLY,
+        format!("{CHECK}: both attempts of {shared} queue"),
+        |state| {
+            state
+                .waiters
+                .iter()
+                .filter(|w| w.owner == shared.as_str())
+                .count()
+                == 2
+        },
+    )
+    .await;
+    held.unlock()
+        .await
+        .or_fail(format!("{CHECK}: the holder unlocks"));
+    let to_first = first.acquired_within(support::EVENTUALLY).await;
+    let to_second = second.acquired_within(support::EVENTUALLY).await;
+    assert_eq!(
+        to_first.token, to_second.token,
+        "{CHECK}: the second attempt re-enters the first's hold"
+    );
+    first.release().await;
+    second.release().await;
+    support::wait_clean(&holding, &name, format!("{CHECK}: clean at the end")).await;
+}

@@ -126,7 +126,9 @@ pub use fencing::fencing_tokens_increase;
 pub use fifo::{
     fifo_order, hand_over, heartbeat_keeps_place_and_grantee_confirms, try_lock_never_barges,
 };
-pub use instances::{instances_share_state, OpenBackend, Spread};
+pub use instances::{
+    instances_share_state, shared_owner_hears_grants_in_every_instance, OpenBackend, Spread,
+};
 pub use introspection::{list_shows_held_and_waited, state_matches_reality};
 pub use invalid::invalid_input_is_rejected;
 pub use leases::{lease_expiry_frees_lock, lease_lost_signal, watchdog_keeps_lock};
@@ -225,7 +227,8 @@ pub fn checks() -> Vec<(&'static str, Check)> {
 /// It opens [`INSTANCES`] instances with `open` and runs each check through a [`Spread`] of
 /// them, so contenders, hand-overs and wake-ups cross instances as they cross processes; and
 /// it checks that separately opened instances share their locks
-/// ([`instances_share_state`]). Each check runs in its own task, bounded by
+/// ([`instances_share_state`]) and that an owner waiting through several of them hears of its
+/// grants in each ([`shared_owner_hears_grants_in_every_instance`]). Each check runs in its own task, bounded by
 /// [`CHECK_TIMEOUT`]. Call it inside a multi-thread Tokio runtime.
 pub async fn run_checks(open: impl OpenBackend) -> Report {
     run_checks_within(open, CHECK_TIMEOUT).await
@@ -265,6 +268,11 @@ pub async fn run_checks_within(open: impl OpenBackend, per_check: Duration) -> R
         run(
             "instances_share_state",
             Box::pin(instances_share_state(open.clone())),
+        )
+        .await,
+        run(
+            "shared_owner_hears_grants_in_every_instance",
+            Box::pin(shared_owner_hears_grants_in_every_instance(open.clone())),
         )
         .await,
     ];
