@@ -1,11 +1,15 @@
--- Shared helpers, prepended to every fairlock script at compile time (see
--- crates/fairlock-redis/src/scripts.rs). They read KEYS/ARGV through the names below, and
--- implement the transitions of the reference backend (crates/fairlock/src/memory.rs).
+-- Shared helpers, prepended to every fairlock script (see crates/fairlock-redis/src/scripts.rs).
+-- They read KEYS/ARGV through the names below, and implement the transitions of the reference
+-- backend (crates/fairlock/src/memory.rs).
 --
 -- One line comes before this prelude: `local PUBLISH = 'SPUBLISH'` (sharded pub/sub, Redis
 -- 7.0+ and Valkey) or `local PUBLISH = 'PUBLISH'` (classic, Redis 6.2). Each script is
--- compiled in both variants and the backend runs the one for its server's pub/sub. Every
--- command used here exists in Redis 6.2.
+-- built in both variants and the backend runs the one for its server's pub/sub. Every
+-- command used here exists in Redis 6.2. Each operation's file is the body of a function;
+-- a call runs begin() with its arguments, then the operation. As an EVAL script, the prelude
+-- and one operation run anew on every call; on Redis 7 the sharded variant is also one
+-- Function library (the prelude once, every operation registered as a function), loaded once
+-- per server, so the prelude's functions are not rebuilt on every call.
 --
 -- Keys of one lock, in KEYS order (all share the hash tag, so one Cluster slot):
 --   H  hash    the hold: o=owner, t=fencing token, c=number of confirmed levels,
@@ -44,16 +48,62 @@
 -- touches and the stored values it relies on (probe_slot, check_types, read_hold, read_fence)
 -- before its first write; nothing after that can fail on stored data.
 
--- The six keys come first in ARGV, and KEYS is empty (see crates/fairlock-redis/src/scripts.rs:
--- a declared key that is missing during a Cluster slot migration draws an ASK redirection,
--- which fred does not follow correctly). The script is sent to the node that serves the
--- keys' slot; the probe below refuses it anywhere else. Below, KEYS and ARGV are the keys and
--- the operation's arguments, as if the keys had been declared.
-local KEYS = { ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6] }
-local ARGV = { unpack(ARGV, 7) }
-local H, Q, Z, W, F, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
--- Mutating scripts end their ARGV with: channel, fence margin (ms).
-local C = ARGV[#ARGV - 1]
+-- The state of one call. As an EVALSHA script the prelude runs anew on every call; as a Redis
+-- Function library (Redis 7) it runs once, when loaded, and every call of its functions shares
+-- these locals. So begin() sets every one of them first thing in each call, and nothing
+-- carries over from one call to the next (Redis runs one call at a time).
+local KEYS, ARGV, H, Q, Z, W, F, X, C, TYPES
+-- The server's clock is the only clock: the client sends durations.
+local now_ms, now_us
+-- Set when this call changed the queue, so tidy() knows whether to look.
+local queue_touched
+-- Whether each checked key exists (false: it does not; nil: not checked).
+local present
+-- H's time to live (ms) as this call set or read it: keep_fence then need not ask.
+local hold_ttl
+-- How long spent attempts are remembered (ms): set by each script that spends one.
+local horizon_ms
+-- Attempts this call spent; save_spent() records them in X.
+local spent_now
+-- Queue entries this call dropped (see DROP_BUDGET), and the lowest ticket among them: tickets
+-- are ordered, so a head above it means the front of the queue changed in this call (see
+-- front_changed).
+local dropped, lowest_dropped
+-- Set by head() when the budget ran out before it found a live waiter: who is first in line
+-- is not known yet, only that the dead in front of them are being cleared.
+local head_unknown
+-- The latest waiter deadline (server ms), once this call has read it: keep_fence then need
+-- not read it again.
+local latest_deadline
+-- Set when tidy() deleted the queue keys: nothing of them is left to read.
+local queue_gone
+
+-- Starts a call whose arguments are `input`. The six keys come first, and no key is declared
+-- (see crates/fairlock-redis/src/scripts.rs: a declared key that is missing during a Cluster
+-- slot migration draws an ASK redirection, which fred does not follow correctly). The call is
+-- sent to the node that serves the keys' slot; the probe below refuses it anywhere else.
+-- After begin(), KEYS and ARGV are the keys and the operation's arguments, as if the keys had
+-- been declared.
+local function begin(input)
+  KEYS = { input[1], input[2], input[3], input[4], input[5], input[6] }
+  ARGV = { unpack(input, 7) }
+  H, Q, Z, W, F, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+  -- Mutating scripts end their ARGV with: channel, fence margin (ms).
+  C = ARGV[#ARGV - 1]
+  TYPES = { [H] = 'hash', [Q] = 'zset', [Z] = 'zset', [W] = 'hash', [F] = 'hash', [X] = 'zset' }
+  local clock = redis.call('TIME')
+  now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  queue_touched = false
+  present = {}
+  hold_ttl = nil
+  horizon_ms = nil
+  spent_now = {}
+  dropped, lowest_dropped = 0, nil
+  head_unknown = false
+  latest_deadline = nil
+  queue_gone = false
+end
 
 -- Redis Cluster refuses any command of a script on a key of a slot the node does not serve,
 -- and, on the node a slot is migrating away from, on a key it does not hold (moved already,
@@ -77,11 +127,6 @@ end
 
 -- Redis 7.0 and later, where the sharded variant runs, know PEXPIREAT's GT option.
 local HAS_EXPIRE_GT = PUBLISH == 'SPUBLISH'
-
--- The server's clock is the only clock: the client sends durations.
-local clock = redis.call('TIME')
-local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 
 -- Publishes a wake-up on C with the command the line before the prelude chose. A wake-up that
 -- cannot be published (no channel permission in the ACL, a node without sharded pub/sub in a
@@ -122,18 +167,10 @@ local function next_token(last)
   return int(math.max((tonumber(last) or 0) + 1, now_us))
 end
 
--- Set when this call changed the queue, so tidy() knows whether to look.
-local queue_touched = false
-
 -- A Conflict for the caller: a key of this lock holds data fairlock did not write.
 local function foreign(key, detail)
   return redis.error_reply('WRONGTYPE fairlock: ' .. key .. ' ' .. detail)
 end
-
-local TYPES = { [H] = 'hash', [Q] = 'zset', [Z] = 'zset', [W] = 'hash', [F] = 'hash', [X] = 'zset' }
-
--- Whether each checked key exists (false: it does not; nil: not checked).
-local present = {}
 
 -- Checks that each key is absent or of the type fairlock gives it. Returns an error reply for
 -- the first one that is not, else nil. Every script calls it (or probe_slot) before its first
@@ -266,9 +303,6 @@ local function count(hold)
   return hold.confirmed + (hold.pending and 1 or 0)
 end
 
--- H's time to live (ms) as this call set or read it: keep_fence then need not ask.
-local hold_ttl = nil
-
 -- Deletes the hold (its last level is gone).
 local function free_hold()
   redis.call('DEL', H)
@@ -342,11 +376,6 @@ local function is_spent(attempt)
   return until_ms ~= nil and until_ms > now_ms
 end
 
--- How long spent attempts are remembered (ms): set by each script that spends one.
-local horizon_ms = nil
--- Attempts this call spent; save_spent() records them in X.
-local spent_now = {}
-
 local function spend(attempt)
   table.insert(spent_now, attempt)
 end
@@ -416,10 +445,6 @@ end
 -- each costs O(log n), so no call does unbounded work however many waiters die together. What
 -- is left is dropped by the next calls (see head()).
 local DROP_BUDGET = 64
-local dropped = 0
--- The lowest ticket this call dropped: tickets are ordered, so a head above it means the
--- front of the queue changed in this call (see front_changed).
-local lowest_dropped = nil
 
 local function note_dropped(ticket)
   local number = tonumber(ticket)
@@ -427,9 +452,6 @@ local function note_dropped(ticket)
     lowest_dropped = number
   end
 end
--- Set by head() when the budget ran out before it found a live waiter: who is first in line
--- is not known yet, only that the dead in front of them are being cleared.
-local head_unknown = false
 
 -- Forgets `tickets` (at most a few dozen) in a constant number of commands.
 local function drop_tickets(tickets)
@@ -537,10 +559,6 @@ local function live_waiters()
   return redis.call('ZCOUNT', Z, '(' .. int(now_ms), '+inf')
 end
 
--- The latest waiter deadline (server ms), once this call has read it: keep_fence then need
--- not read it again.
-local latest_deadline = nil
-
 -- Queue keys disappear by themselves when the last waiter's deadline passes.
 local function expire_queue_keys()
   local last = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
@@ -552,9 +570,6 @@ local function expire_queue_keys()
     redis.call('PEXPIREAT', W, at)
   end
 end
-
--- Set when tidy() deleted the queue keys: nothing of them is left to read.
-local queue_gone = false
 
 -- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
 -- frees a large key off the main thread, so this stays O(1) here).

@@ -1,8 +1,11 @@
-//! `SCRIPT FLUSH` over and over while contenders lock and unlock.
+//! `FUNCTION FLUSH` (Redis 7, where the scripts run as functions) and `SCRIPT FLUSH` (where they
+//! run by SHA: here, a user whose ACL refuses `FUNCTION LOAD`) over and over while contenders
+//! lock and unlock.
 //!
-//! What is promised (docs/redis.md, *Scripts*): a script sent by SHA that meets `NOSCRIPT` did
-//! not run, and the backend sends its body with `EVAL` instead; so a flush is invisible to
-//! callers: no error, no lost or doubled step, FIFO and mutual exclusion intact.
+//! What is promised (docs/redis.md, *Scripts*): a call that meets a missing function or script
+//! (`Function not found`, `NOSCRIPT`) did not run, and the backend loads the library or sends
+//! the script's body instead; so a flush is invisible to callers: no error, no lost or doubled
+//! step, FIFO and mutual exclusion intact.
 
 use std::time::Duration;
 
@@ -16,9 +19,14 @@ const CONTENDERS: usize = 5;
 const ROUNDS: usize = 10;
 const CALL_LIMIT: Duration = Duration::from_secs(10);
 
-/// Times `EVAL` ran: each is a `NOSCRIPT` fallback, since the backend otherwise uses `EVALSHA`.
-fn evals(port: u16) -> u64 {
-    info_field(port, "commandstats", "cmdstat_eval:", "calls")
+/// Times the server ran `command` (as `INFO commandstats` names it).
+fn calls(port: u16, command: &str) -> u64 {
+    info_field(
+        port,
+        "commandstats",
+        &format!("cmdstat_{command}:"),
+        "calls",
+    )
 }
 
 async fn until_waiters(lock: &FairLock, count: usize) {
@@ -30,15 +38,14 @@ async fn until_waiters(lock: &FairLock, count: usize) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_during_contention_is_transparent() {
-    let server = RedisServer::start().unwrap();
-    let url = server.url();
-    let port = server.port();
+/// Contenders on `url` lock and unlock freely, then in FIFO rounds, while `flush` runs every
+/// 30 ms; every call succeeds, holds never overlap, FIFO holds. Returns how many flushes ran.
+async fn contend_while_flushing(port: u16, url: &str, flush: &'static [&'static str]) -> u64 {
     let opts = options(Duration::from_secs(10), Duration::from_secs(3));
     let flusher = Injector::every(Duration::from_millis(30), move || {
-        assert_eq!(cli(port, None, &["SCRIPT", "FLUSH"]), "OK");
+        assert_eq!(cli(port, None, flush), "OK");
     });
+    let url = url.to_owned();
 
     // Free-for-all contention: every call must succeed, holds never overlap.
     let holds = Holds::new();
@@ -108,13 +115,59 @@ async fn script_flush_during_contention_is_transparent() {
     }
 
     let flushes = flusher.stop();
-    let fallbacks = evals(port);
     eprintln!(
         "{} contended holds and {fifo_rounds} FIFO rounds of {CONTENDERS} under {flushes} \
-         SCRIPT FLUSHes; {fallbacks} EVAL fallbacks after NOSCRIPT",
+         {flush:?}",
         exclusive.len()
     );
-    // The fault really bit: scripts were reloaded after flushes, many times.
     assert!(flushes >= 10, "only {flushes} flushes");
+    flushes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_during_contention_is_transparent() {
+    let server = RedisServer::start().unwrap();
+    let port = server.port();
+    contend_while_flushing(port, &server.url(), &["FUNCTION", "FLUSH"]).await;
+    // The fault really bit: the library was loaded again after flushes, many times, and no
+    // call went by SHA.
+    let loads = calls(port, "function|load");
+    assert!(loads >= 10, "only {loads} library loads");
+    assert_eq!(calls(port, "evalsha") + calls(port, "eval"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_during_contention_is_transparent() {
+    let server = RedisServer::start().unwrap();
+    let port = server.port();
+    // A user that may do everything but load functions: the backend runs its scripts by SHA.
+    assert_eq!(
+        cli(
+            port,
+            None,
+            &[
+                "ACL",
+                "SETUSER",
+                "scripts",
+                "on",
+                ">secret",
+                "~*",
+                "&*",
+                "+@all",
+                "-function"
+            ],
+        ),
+        "OK"
+    );
+    let url = format!("redis://scripts:secret@127.0.0.1:{port}");
+    contend_while_flushing(port, &url, &["SCRIPT", "FLUSH"]).await;
+    // The fault really bit: scripts were sent again after NOSCRIPT, many times.
+    let fallbacks = calls(port, "eval");
     assert!(fallbacks >= 10, "only {fallbacks} EVAL fallbacks");
+    // Each backend's first call found no function, and was refused the load.
+    assert_eq!(
+        cli(port, None, &["FUNCTION", "LIST"]),
+        "",
+        "no library was loaded"
+    );
 }

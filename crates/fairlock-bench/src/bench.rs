@@ -111,6 +111,14 @@ impl Bench {
         Ok(self.command_stats(command).await?.0)
     }
 
+    /// `(calls, total µs)` of the lock scripts of either kind: `FCALL` (functions, Redis 7)
+    /// and `EVALSHA` (by SHA, Redis 6.2 or where functions are refused).
+    pub(crate) async fn script_stats(&self) -> Result<(u64, u64), BoxError> {
+        let (fcalls, fcall_usec) = self.command_stats("fcall").await?;
+        let (evalshas, evalsha_usec) = self.command_stats("evalsha").await?;
+        Ok((fcalls + evalshas, fcall_usec + evalsha_usec))
+    }
+
     /// `(calls, total µs)` the server spent in `command` (from `INFO commandstats`).
     pub(crate) async fn command_stats(&self, command: &str) -> Result<(u64, u64), BoxError> {
         let field = format!("cmdstat_{command}");

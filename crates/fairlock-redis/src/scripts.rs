@@ -1,11 +1,25 @@
-//! The Lua scripts of `lua/`, embedded at compile time and run by SHA.
+//! The Lua scripts of `lua/`, embedded at compile time, and how they are run: as Redis Functions
+//! on Redis 7 (`FCALL`), else by SHA (`EVALSHA`).
 //!
 //! Each script is one line naming the publishing command, the shared prelude, then the
 //! operation. There are two compiled variants of every script, one per [`PubsubMode`]: the
 //! line is `local PUBLISH = 'SPUBLISH'` (sharded pub/sub) or `local PUBLISH = 'PUBLISH'`
 //! (classic, for Redis 6.2), and the prelude's `publish()` calls it.
+//!
+//! The sharded variants are also packaged as one Function library (Redis 7.0+, where sharded
+//! pub/sub is): the prelude and every operation, each registered as a function. An `EVALSHA`
+//! script runs the whole prelude on every call, building its ~45 helper functions anew (about
+//! 10 µs of server time per call, measured); a library builds them once, when it is loaded.
+//! The library's name and its functions' names carry a digest of its text, so two versions of
+//! fairlock can share a server. It is loaded on demand, node by node: a call that finds no
+//! such function (a new server, a restart without persistence, `FUNCTION FLUSH`, a Cluster
+//! node that never had it) did not run, so the library is loaded there and the call made
+//! again. Where loading is refused (an ACL without `FUNCTION LOAD`), the backend goes on with
+//! `EVALSHA`, which needs no loading.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fred::clients::Client;
@@ -14,67 +28,139 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::pubsub::PubsubMode;
 
+/// How many times one call loads the library on finding its function missing before it goes
+/// by SHA: more than once only if the library is flushed again in between.
+const LOAD_TRIES: usize = 3;
+
 /// How long a script refused with `TRYAGAIN` (a Cluster slot migration in progress) is tried
 /// again before the error goes up.
 pub(crate) const TRYAGAIN_PATIENCE: Duration = Duration::from_secs(2);
 
-/// One operation's script: the publishing line, the shared prelude, then the operation.
+/// One operation's script: the publishing line, the shared prelude, then the operation; and,
+/// in the sharded variant, the function of the library that runs the same operation.
 #[derive(Debug)]
 pub(crate) struct Script {
     pub(crate) name: &'static str,
     body: &'static str,
-    sha: String,
+    sha: &'static str,
+    function: Option<Function>,
+}
+
+/// An operation's function in the library.
+#[derive(Debug)]
+struct Function {
+    name: &'static str,
+    library: Arc<Library>,
+}
+
+/// The Function library of the sharded variants, as one backend uses it.
+#[derive(Debug)]
+pub(crate) struct Library {
+    code: &'static str,
+    /// False once a server refused to load it: every call then goes by `EVALSHA`.
+    usable: AtomicBool,
 }
 
 // `lua` in this crate is a link to the workspace's `lua/`, so that `cargo package` copies the
 // scripts into the published crate; a path leaving the crate would not build from crates.io.
-macro_rules! script {
-    ($publish:literal, $name:literal) => {
-        Script::new(
-            $name,
-            concat!(
-                "local PUBLISH = '",
-                $publish,
-                "'\n",
-                include_str!("../lua/prelude.lua"),
-                "\n",
-                include_str!(concat!("../lua/", $name, ".lua"))
-            ),
-        )
+macro_rules! lua {
+    ($name:literal) => {
+        include_str!(concat!("../lua/", $name, ".lua"))
     };
 }
 
-/// A script that changes the lock: its body runs as a function whose reply goes through the
+/// The prelude's text.
+const PRELUDE: &str = lua!("prelude");
+
+/// The operations, with whether each changes the lock (its reply then goes through the
 /// prelude's `finish`, which keeps the fence hash for as long as the lock is in use plus the
-/// fence margin (the script's last ARGV).
-macro_rules! mutating_script {
-    ($publish:literal, $name:literal) => {
-        Script::new(
-            $name,
-            concat!(
-                "local PUBLISH = '",
-                $publish,
-                "'\n",
-                include_str!("../lua/prelude.lua"),
-                "\nlocal function operation()\n",
-                include_str!(concat!("../lua/", $name, ".lua")),
-                "\nend\nreturn finish(operation())\n"
-            ),
-        )
-    };
+/// fence margin, the script's last ARGV).
+const OPERATIONS: [(&str, &str, bool); 6] = [
+    ("acquire", lua!("acquire"), true),
+    ("release", lua!("release"), true),
+    ("extend", lua!("extend"), true),
+    ("abandon", lua!("abandon"), true),
+    ("force_release", lua!("force_release"), true),
+    ("inspect", lua!("inspect"), false),
+];
+
+/// The texts of one pub/sub mode, built once per process: each operation's `EVAL` text and
+/// its SHA, in [`OPERATIONS`] order; in sharded mode, the library and its function names.
+struct Texts {
+    scripts: Vec<(String, String)>,
+    library: Option<(String, Vec<String>)>,
 }
 
-macro_rules! scripts {
-    ($publish:literal) => {
-        Scripts {
-            acquire: mutating_script!($publish, "acquire"),
-            release: mutating_script!($publish, "release"),
-            extend: mutating_script!($publish, "extend"),
-            abandon: mutating_script!($publish, "abandon"),
-            force_release: mutating_script!($publish, "force_release"),
-            inspect: script!($publish, "inspect"),
-        }
+/// The `EVAL` text of `operation`: the script's arguments are kept (`INPUT`) before the
+/// prelude's locals hide them, and handed to its `begin`.
+fn eval_text(publish: &str, operation: &str, mutating: bool) -> String {
+    let reply = if mutating {
+        "finish(operation())"
+    } else {
+        "operation()"
     };
+    format!(
+        "local PUBLISH = '{publish}'\nlocal INPUT = ARGV\n{PRELUDE}\nlocal function operation()\n\
+         {operation}\nend\nbegin(INPUT)\nreturn {reply}\n"
+    )
+}
+
+/// The library of the sharded variants (Redis 7), and each operation's function name in it.
+fn library_text() -> (String, Vec<String>) {
+    let mut body = String::from("local PUBLISH = 'SPUBLISH'\n");
+    body.push_str(PRELUDE);
+    body.push('\n');
+    for (name, text, mutating) in OPERATIONS {
+        let reply = if mutating {
+            format!("finish(op_{name}())")
+        } else {
+            format!("op_{name}()")
+        };
+        // Out of memory (`maxmemory` with `noeviction`), an `EVAL` script without flags still
+        // runs, writes included; `allow-oom` keeps the functions alike, so a server out of
+        // memory still releases and hands over. `inspect` writes nothing.
+        let flags = if mutating {
+            "'allow-oom'"
+        } else {
+            "'no-writes'"
+        };
+        body.push_str(&format!(
+            "local function op_{name}()\n{text}\nend\n\
+             redis.register_function{{function_name = 'fairlock_{name}_VERSION', \
+             callback = function(_, input) begin(input) return {reply} end, \
+             flags = {{ {flags} }}}}\n"
+        ));
+    }
+    let version = fred::util::sha1_hash(&body)[..16].to_owned();
+    let code = format!(
+        "#!lua name=fairlock_{version}\n{}",
+        body.replace("VERSION", &version)
+    );
+    let names = OPERATIONS
+        .iter()
+        .map(|(name, _, _)| format!("fairlock_{name}_{version}"))
+        .collect();
+    (code, names)
+}
+
+fn texts(mode: PubsubMode) -> &'static Texts {
+    static SHARDED: OnceLock<Texts> = OnceLock::new();
+    static CLASSIC: OnceLock<Texts> = OnceLock::new();
+    let (cell, publish) = match mode {
+        PubsubMode::Sharded => (&SHARDED, "SPUBLISH"),
+        PubsubMode::Classic => (&CLASSIC, "PUBLISH"),
+    };
+    cell.get_or_init(|| Texts {
+        scripts: OPERATIONS
+            .iter()
+            .map(|(_, text, mutating)| {
+                let body = eval_text(publish, text, *mutating);
+                let sha = fred::util::sha1_hash(&body);
+                (body, sha)
+            })
+            .collect(),
+        library: (mode == PubsubMode::Sharded).then(library_text),
+    })
 }
 
 /// Every script, in the variant for one pub/sub mode.
@@ -89,23 +175,40 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
+    /// The scripts of `mode`; the sharded ones also as functions of a library (Redis 7).
     pub(crate) fn new(mode: PubsubMode) -> Self {
-        match mode {
-            PubsubMode::Sharded => scripts!("SPUBLISH"),
-            PubsubMode::Classic => scripts!("PUBLISH"),
+        let texts = texts(mode);
+        let library = texts.library.as_ref().map(|(code, names)| {
+            let library = Arc::new(Library {
+                code: code.as_str(),
+                usable: AtomicBool::new(true),
+            });
+            (library, names)
+        });
+        let mut scripts = OPERATIONS.iter().zip(&texts.scripts).enumerate().map(
+            |(index, ((name, _, _), (body, sha)))| Script {
+                name,
+                body: body.as_str(),
+                sha: sha.as_str(),
+                function: library.as_ref().map(|(library, names)| Function {
+                    name: names[index].as_str(),
+                    library: Arc::clone(library),
+                }),
+            },
+        );
+        let mut next = || scripts.next().expect("one script per operation");
+        Scripts {
+            acquire: next(),
+            release: next(),
+            extend: next(),
+            abandon: next(),
+            force_release: next(),
+            inspect: next(),
         }
     }
 }
 
 impl Script {
-    fn new(name: &'static str, body: &'static str) -> Self {
-        Script {
-            name,
-            body,
-            sha: fred::util::sha1_hash(body),
-        }
-    }
-
     /// Runs the script by SHA on the node that serves the lock's slot, and again while the
     /// cluster moves that slot.
     ///
@@ -148,10 +251,87 @@ impl Script {
         }
     }
 
+    /// Runs the operation once: as its function where the library is usable, else by SHA.
+    async fn run_once(
+        &self,
+        client: &Client,
+        slot: u16,
+        argv: &[String],
+    ) -> Result<Value, fred::error::Error> {
+        if let Some(function) = self.function.as_ref() {
+            if function.library.usable.load(Ordering::Relaxed) {
+                if let Some(reply) = self.call_function(function, client, slot, argv).await {
+                    return reply;
+                }
+            }
+        }
+        self.run_by_sha(client, slot, argv).await
+    }
+
+    /// Calls the operation's function; `None` when the call should go by SHA instead (it has
+    /// not run).
+    ///
+    /// A node without the function (new, restarted without persistence, flushed, or a Cluster
+    /// node that never had it) answers that the function is not found, which means the call
+    /// did not run: the library is loaded there and the call made again. The library's name
+    /// names its version, so a library of that name is this one. A server that refuses to load
+    /// it makes every later call of the backend go by SHA; one that loses it again and again
+    /// (`FUNCTION FLUSH` in a loop) makes this call go by SHA.
+    async fn call_function(
+        &self,
+        function: &Function,
+        client: &Client,
+        slot: u16,
+        argv: &[String],
+    ) -> Option<Result<Value, fred::error::Error>> {
+        let call = || {
+            let mut words = Vec::with_capacity(argv.len() + 2);
+            words.push(function.name.to_owned());
+            words.push("0".to_owned());
+            words.extend(argv.iter().cloned());
+            client.custom::<Value, String>(
+                CustomCommand::new_static("FCALL", ClusterHash::Custom(slot), false),
+                words,
+            )
+        };
+        for _ in 0..LOAD_TRIES {
+            match call().await {
+                Err(error) if error.details().contains("Function not found") => {}
+                other => return Some(other),
+            }
+            tracing::debug!(
+                script = self.name,
+                "fairlock's function library not loaded on the server; loading it"
+            );
+            let load = CustomCommand::new_static("FUNCTION", ClusterHash::Custom(slot), false);
+            let loaded = client
+                .custom::<Value, &str>(load, vec!["LOAD", function.library.code])
+                .await;
+            match loaded {
+                Ok(_) => {}
+                // Loaded meanwhile by another call.
+                Err(error) if error.details().contains("already exists") => {}
+                Err(error) if is_refusal(&error) => {
+                    tracing::warn!(
+                        %error,
+                        "fairlock-redis: the server refused to load fairlock's function \
+                         library; running its scripts by SHA (EVALSHA) from now on"
+                    );
+                    function.library.usable.store(false, Ordering::Relaxed);
+                    return None;
+                }
+                // The server is away or busy: the call fails as any other would (nothing
+                // ran), and the next one tries again.
+                Err(error) => return Some(Err(error)),
+            }
+        }
+        None
+    }
+
     /// Runs the script by SHA once. When the server does not know it (a `SCRIPT FLUSH`, a
     /// restart, a failover to a node that never saw it) the `NOSCRIPT` error means it did not
     /// run, so running the body with `EVAL` is safe, and caches it for the next `EVALSHA`.
-    async fn run_once(
+    async fn run_by_sha(
         &self,
         client: &Client,
         slot: u16,
@@ -167,7 +347,7 @@ impl Script {
                 words,
             )
         };
-        match call("EVALSHA", &self.sha).await {
+        match call("EVALSHA", self.sha).await {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
                 tracing::debug!(
                     script = self.name,
@@ -178,6 +358,17 @@ impl Script {
             other => other,
         }
     }
+}
+
+/// Whether `error`, the reply to `FUNCTION LOAD`, says the server will not load the library:
+/// no permission (ACL), no such command (renamed, or a server without functions), or a library
+/// it cannot take. Anything else (a lost connection, a busy server) may pass.
+fn is_refusal(error: &fred::error::Error) -> bool {
+    let details = error.details().to_ascii_uppercase();
+    details.starts_with("NOPERM")
+        || details.contains("UNKNOWN COMMAND")
+        || details.contains("UNKNOWN SUBCOMMAND")
+        || details.starts_with("ERR")
 }
 
 /// How often one client re-reads the slot map while its scripts meet `TRYAGAIN`: fred 10.1
@@ -213,6 +404,34 @@ async fn refresh_slot_map(client: &Client) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The library registers every operation under a name that carries its version, which is
+    /// also the library's name: a change to any script makes a new library, never a new text
+    /// under an old name (`FUNCTION LOAD` would refuse it as existing, and a server would
+    /// keep running the old functions).
+    #[test]
+    fn the_library_names_its_version_everywhere() {
+        let scripts = Scripts::new(PubsubMode::Sharded);
+        let all = [
+            &scripts.acquire,
+            &scripts.release,
+            &scripts.extend,
+            &scripts.abandon,
+            &scripts.force_release,
+            &scripts.inspect,
+        ];
+        let code = all[0].function.as_ref().unwrap().library.code;
+        let first = code.lines().next().unwrap();
+        let version = first.strip_prefix("#!lua name=fairlock_").unwrap();
+        assert_eq!(version.len(), 16);
+        for script in all {
+            let function = script.function.as_ref().expect("sharded: a function");
+            assert_eq!(function.name, format!("fairlock_{}_{version}", script.name));
+            assert!(code.contains(&format!("function_name = '{}'", function.name)));
+        }
+        assert!(!code.contains("VERSION"));
+        assert!(Scripts::new(PubsubMode::Classic).acquire.function.is_none());
+    }
 
     #[test]
     fn each_mode_publishes_with_its_own_command_only() {

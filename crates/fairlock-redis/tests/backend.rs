@@ -720,12 +720,92 @@ async fn scripts_are_reloaded_after_script_flush() {
     let (lock, a) = (name(), owner("a"));
     let outer = request(&lock, &a, true);
     let grant = granted(&backend, &outer).await;
-    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+    for flush in [["SCRIPT", "FLUSH"], ["FUNCTION", "FLUSH"]] {
+        assert_eq!(server.cli(&flush), "OK");
+    }
     let again = granted(&backend, &request(&lock, &a, true)).await;
     assert_eq!(again.hold_count, 2);
-    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
     release(&backend, &outer, grant.token).await;
     assert_eq!(hold_count(&backend, &lock).await, Some(1));
+    assert!(
+        server.cli(&["FUNCTION", "LIST"]).contains("fairlock_"),
+        "the library was loaded again"
+    );
+}
+
+/// A server out of memory (`maxmemory` with `noeviction`) still releases and hands over, as it
+/// did when the scripts ran by `EVAL`: the library's mutating functions are `allow-oom`
+/// (without it, Redis refuses a function that may write as soon as memory is full, and a held
+/// lock would stay held until its lease ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_memory_still_releases_and_hands_over() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), Owner::unique(), Owner::unique());
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    assert!(
+        server.cli(&["SET", "probe", "1"]).contains("OOM"),
+        "the server is out of memory"
+    );
+    assert_eq!(
+        release(&backend, &holding, grant.token).await,
+        ReleaseOutcome::Released { remaining: 0 }
+    );
+    let to_b = handed_over(&mut watch, &waiting).await;
+    assert_eq!(hold_count(&backend, &lock).await, Some(1));
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    release(&backend, &waiting, to_b.token).await;
+}
+
+/// The library's functions do what the scripts do: each call starts afresh (the prelude's
+/// state of one call never leaks into the next, though a library keeps its locals between
+/// calls). A release that handed over, then an abandon and an acquire that found nothing to
+/// hand over, must each see only their own call's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_calls_start_afresh() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let (lock, a, b) = (name(), Owner::unique(), Owner::unique());
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    let waiting = request(&lock, &b, true);
+    queued(&backend, &waiting).await;
+    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    release(&backend, &holding, grant.token).await;
+    let to_b = handed_over(&mut watch, &waiting).await;
+    // A call right after, on another lock: none of the hand-over's state (the queue it
+    // touched, the hold's TTL, the attempts it spent) may carry into it.
+    let other = name();
+    let fresh = request(&other, &a, true);
+    let fresh_grant = granted(&backend, &fresh).await;
+    assert_eq!(fresh_grant.hold_count, 1);
+    assert_eq!(keys_of(&server, &other), {
+        let mut keys = vec![key(&other, "f"), key(&other, "h"), key(&other, "x")];
+        keys.sort();
+        keys
+    });
+    assert_eq!(
+        server.cli(&["ZCARD", &key(&other, "x")]),
+        "1",
+        "only its own attempt is recorded spent"
+    );
+    release(&backend, &waiting, to_b.token).await;
+    release(&backend, &fresh, fresh_grant.token).await;
+    assert_eq!(keys_of(&server, &lock), idle_keys(&lock));
+    assert_eq!(keys_of(&server, &other), idle_keys(&other));
+    assert!(
+        server
+            .cli(&["INFO", "commandstats"])
+            .contains("cmdstat_fcall:"),
+        "the calls ran as functions"
+    );
 }
 
 /// The text of a mutating script exactly as the backend builds it for Redis 7 (sharded
@@ -734,7 +814,7 @@ fn script(operation: &str) -> String {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/");
     let read = |file: &str| std::fs::read_to_string(format!("{dir}{file}")).unwrap();
     format!(
-        "local PUBLISH = 'SPUBLISH'\n{}\nlocal function operation()\n{}\nend\nreturn finish(operation())\n",
+        "local PUBLISH = 'SPUBLISH'\nlocal INPUT = ARGV\n{}\nlocal function operation()\n{}\nend\nbegin(INPUT)\nreturn finish(operation())\n",
         read("prelude.lua"),
         read(&format!("{operation}.lua"))
     )

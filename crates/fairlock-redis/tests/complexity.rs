@@ -314,7 +314,7 @@ async fn live_waiters_behind_dead_ones_are_served_in_order_at_once() {
 /// the absent hold and queue keys instead of a `TYPE` each, and the ended-attempt records'
 /// expiry is set without reading them back (Redis 7's `PEXPIREAT … GT`). Exact counts, so a
 /// script change that adds commands to this path is seen (issue 13: 18 and 19 before, plus
-/// the EVALSHA).
+/// the script call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_acquire_and_release_check_only_what_exists() {
     let server = Server::start();
@@ -348,7 +348,7 @@ async fn an_uncontended_acquire_and_release_check_only_what_exists() {
     )
     .await;
     println!("uncontended acquire: {acquire} commands, release: {release} commands");
-    // Each count includes the EVALSHA itself. The acquire: EXISTS (the slot probe with H, Q, Z,
+    // Each count includes the call itself (FCALL). The acquire: EXISTS (the slot probe with H, Q, Z,
     // W), TIME, TYPE X, HMGET F, ZSCORE X; the grant (HSET H, PEXPIRE H, HSET F); the spent
     // record (ZADD, ZRANGEBYSCORE, PEXPIREAT … GT); PEXPIRE F.
     assert_eq!(acquire, 13, "commands of an uncontended acquire");

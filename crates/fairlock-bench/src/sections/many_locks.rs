@@ -20,11 +20,11 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let sha: String = pool.next().script_load("return 1").await?;
     let mut section = Section::new("many-locks", "Distinct locks, one backend");
     for tasks in [1usize, 16, 64, 256] {
-        let before = bench.command_stats("evalsha").await?;
+        let before = bench.script_stats().await?;
         let pairs = lock_pairs_per_s(bench, &client, tasks, duration, Acquire::Lock).await?;
-        let between = bench.command_stats("evalsha").await?;
+        let between = bench.script_stats().await?;
         let scripts = evalsha_per_s(&pool, &sha, tasks, duration).await?;
-        let after = bench.command_stats("evalsha").await?;
+        let after = bench.script_stats().await?;
         if tasks == 64 {
             let per_call = |from: (u64, u64), to: (u64, u64)| {
                 (to.1 - from.1) as f64 / (to.0 - from.0).max(1) as f64

@@ -57,7 +57,7 @@ async fn measure(
     let deadline_ns = start_ns + duration.as_nanos();
     let name = bench.lock_name(&format!("processes-{workers}"));
     let exe = std::env::current_exe()?;
-    let scripts_before = bench.command_calls("evalsha").await?;
+    let scripts_before = bench.script_stats().await?.0;
     let mut children = Vec::with_capacity(workers);
     for id in 0..workers {
         let child = Command::new(&exe)
@@ -114,7 +114,7 @@ async fn measure(
     }
     holds.sort_by_key(|line| line.t_acq);
     // Includes each worker's warm-up (two calls) and the calls of its last, cut-off wait.
-    let scripts = bench.command_calls("evalsha").await? - scripts_before;
+    let scripts = bench.script_stats().await?.0 - scripts_before;
 
     let mut gaps = Samples::with_capacity(holds.len());
     let mut overlaps = 0;

@@ -63,7 +63,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let subscribers = subscriber_connections(bench).await? - subscribers_before;
     let connections = client_lines(bench).await?.len();
 
-    let scripts_before_drain = bench.command_calls("evalsha").await?;
+    let scripts_before_drain = bench.script_stats().await?.0;
     let subscribes_before_drain = bench.command_calls("ssubscribe").await?;
     let drain_started = Instant::now();
     for guard in guards {
@@ -73,7 +73,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         task.await??;
     }
     let drained = drain_started.elapsed();
-    let drain_scripts = bench.command_calls("evalsha").await? - scripts_before_drain;
+    let drain_scripts = bench.script_stats().await?.0 - scripts_before_drain;
     let drain_subscribes = bench.command_calls("ssubscribe").await? - subscribes_before_drain;
     drop(client);
     // Releases by dropped guards run in the background: give them a moment.
@@ -139,7 +139,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         "s",
     ));
     section.push(Figure::new(
-        "draining: EVALSHA calls per hand-over",
+        "draining: script calls per hand-over",
         drain_scripts as f64 / waiters as f64,
         "",
     ));
@@ -160,7 +160,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         "{waiters} tasks call `lock()` (default options) on {LOCKS} locks held by 100 guards of \
          the same backend, spawned {wave} at a time (each wave queued before the next); all \
          were queued {:.2} s after the first was spawned; releasing the holders then let \
-         all {waiters} acquire and release in {:.2} s ({drain_scripts} EVALSHA and {drain_subscribes} \
+         all {waiters} acquire and release in {:.2} s ({drain_scripts} script calls and {drain_subscribes} \
          SSUBSCRIBE calls meanwhile; heartbeats every 5 s / 3 included). Keys while held: {}, while waiting: {}; \
          left: {} ({} fence counters, {} spent-attempt records that expire within a minute), \
          e.g. {shown:?}",

@@ -40,9 +40,10 @@ struct Totals {
 /// What `INFO commandstats` says so far.
 #[derive(Clone, Copy)]
 struct Stats {
-    evalsha_calls: u64,
-    evalsha_usec: u64,
-    /// Calls of every other command but `INFO`: within one `EVALSHA`, those it ran.
+    /// Script calls of either kind: `FCALL` (Redis 7) or `EVALSHA`.
+    script_calls: u64,
+    script_usec: u64,
+    /// Calls of every other command but `INFO`: within one script call, those it ran.
     other_calls: u64,
 }
 
@@ -51,7 +52,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let backend = bench.backend().await?;
     let name = LockName::new(bench.lock_name("scripts"))?;
     let mut totals = Totals::default();
-    // Warms the script cache (the first call may be an `EVAL` after `NOSCRIPT`).
+    // Warms the server (the first call loads the function library, or sends the script after
+    // `NOSCRIPT`).
     cycle(bench, backend.as_ref(), &name, &mut Totals::default()).await?;
     for _ in 0..cycles {
         cycle(bench, backend.as_ref(), &name, &mut totals).await?;
@@ -81,7 +83,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     ));
     section.note(format!(
         "mean over {cycles} calls per path on one lock, one call at a time, from the growth of \
-         `usec` for EVALSHA in INFO commandstats across each call (whole µs per call; single \
+         `usec` for FCALL (Redis 7: the scripts run as functions) and EVALSHA in INFO \
+         commandstats across each call (whole µs per call; single \
          cold calls cost more than the same script in a busy loop, and a busy machine inflates \
          them further); commands per call = growth of every other command's `calls` (Redis \
          counts the commands a script runs); `return 1` is measured the same way. A cycle: A \
@@ -93,8 +96,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
 
 async fn stats(bench: &Bench) -> Result<Stats, BoxError> {
     let mut stats = Stats {
-        evalsha_calls: 0,
-        evalsha_usec: 0,
+        script_calls: 0,
+        script_usec: 0,
         other_calls: 0,
     };
     for (field, value) in bench.info("commandstats").await? {
@@ -109,9 +112,9 @@ async fn stats(bench: &Bench) -> Result<Stats, BoxError> {
             Ok(value.parse()?)
         };
         match command {
-            "evalsha" => {
-                stats.evalsha_calls = number("calls=")?;
-                stats.evalsha_usec = number("usec=")?;
+            "evalsha" | "fcall" => {
+                stats.script_calls += number("calls=")?;
+                stats.script_usec += number("usec=")?;
             }
             "info" => {}
             _ => stats.other_calls += number("calls=")?,
@@ -120,7 +123,7 @@ async fn stats(bench: &Bench) -> Result<Stats, BoxError> {
     Ok(stats)
 }
 
-/// Runs `call`, adding its server time to `path`'s total; checks it was one EVALSHA.
+/// Runs `call`, adding its server time to `path`'s total; checks it was one script call.
 async fn timed<T, F>(
     bench: &Bench,
     totals: &mut Totals,
@@ -133,15 +136,15 @@ where
     let before = stats(bench).await?;
     let value = call.await?;
     let after = stats(bench).await?;
-    if after.evalsha_calls != before.evalsha_calls + 1 {
+    if after.script_calls != before.script_calls + 1 {
         return Err(format!(
-            "{}: expected one EVALSHA, the server ran {}",
+            "{}: expected one script call, the server ran {}",
             PATHS[path],
-            after.evalsha_calls.saturating_sub(before.evalsha_calls)
+            after.script_calls.saturating_sub(before.script_calls)
         )
         .into());
     }
-    totals.usec[path] += after.evalsha_usec - before.evalsha_usec;
+    totals.usec[path] += after.script_usec - before.script_usec;
     totals.calls[path] += 1;
     totals.commands[path] += after.other_calls - before.other_calls;
     Ok(value)
