@@ -57,8 +57,12 @@ struct Function {
 #[derive(Debug)]
 pub(crate) struct Library {
     code: &'static str,
-    /// False once a server refused to load it: every call then goes by `EVALSHA`.
+    /// False once a server refused it for good (no permission, no such command): every call
+    /// then goes by `EVALSHA`.
     usable: AtomicBool,
+    /// One load at a time: after a `FUNCTION FLUSH`, every waiter's next call finds the
+    /// function missing, and one load serves them all.
+    loading: tokio::sync::Mutex<()>,
 }
 
 // `lua` in this crate is a link to the workspace's `lua/`, so that `cargo package` copies the
@@ -105,6 +109,10 @@ fn eval_text(publish: &str, operation: &str, mutating: bool) -> String {
     )
 }
 
+/// Where the library's text names its version, until the version (a digest of that text) is
+/// known.
+const VERSION: &str = "@@fairlock-version@@";
+
 /// The library of the sharded variants (Redis 7), and each operation's function name in it.
 fn library_text() -> (String, Vec<String>) {
     let mut body = String::from("local PUBLISH = 'SPUBLISH'\n");
@@ -116,17 +124,19 @@ fn library_text() -> (String, Vec<String>) {
         } else {
             format!("op_{name}()")
         };
-        // Out of memory (`maxmemory` with `noeviction`), an `EVAL` script without flags still
-        // runs, writes included; `allow-oom` keeps the functions alike, so a server out of
-        // memory still releases and hands over. `inspect` writes nothing.
-        let flags = if mutating {
-            "'allow-oom'"
-        } else {
-            "'no-writes'"
+        // Out of memory (`maxmemory` with `noeviction`), an `EVAL` script is refused at its
+        // first write that needs memory, unless it wrote something before. So acquire, whose
+        // first write of a new hold or waiter adds, was refused before writing, and is here
+        // (no flag: refused before it runs); the others, which end levels and free keys,
+        // went on and still do (`allow-oom`). `inspect` writes nothing.
+        let flags = match name {
+            "acquire" => "",
+            "inspect" => "'no-writes'",
+            _ => "'allow-oom'",
         };
         body.push_str(&format!(
             "local function op_{name}()\n{text}\nend\n\
-             redis.register_function{{function_name = 'fairlock_{name}_VERSION', \
+             redis.register_function{{function_name = 'fairlock_{name}_{VERSION}', \
              callback = function(_, input) begin(input) return {reply} end, \
              flags = {{ {flags} }}}}\n"
         ));
@@ -134,7 +144,7 @@ fn library_text() -> (String, Vec<String>) {
     let version = fred::util::sha1_hash(&body)[..16].to_owned();
     let code = format!(
         "#!lua name=fairlock_{version}\n{}",
-        body.replace("VERSION", &version)
+        body.replace(VERSION, &version)
     );
     let names = OPERATIONS
         .iter()
@@ -182,6 +192,7 @@ impl Scripts {
             let library = Arc::new(Library {
                 code: code.as_str(),
                 usable: AtomicBool::new(true),
+                loading: tokio::sync::Mutex::new(()),
             });
             (library, names)
         });
@@ -274,9 +285,13 @@ impl Script {
     /// A node without the function (new, restarted without persistence, flushed, or a Cluster
     /// node that never had it) answers that the function is not found, which means the call
     /// did not run: the library is loaded there and the call made again. The library's name
-    /// names its version, so a library of that name is this one. A server that refuses to load
-    /// it makes every later call of the backend go by SHA; one that loses it again and again
-    /// (`FUNCTION FLUSH` in a loop) makes this call go by SHA.
+    /// names its version, so a library of that name is this one. Every refusal below comes
+    /// before anything ran, so going by SHA instead is safe:
+    /// - `FCALL` or `FUNCTION LOAD` not permitted (an ACL): this call and every later one of
+    ///   the backend;
+    /// - no such command (a 6.2 node in a Cluster being upgraded), a load the server refuses
+    ///   for now (out of memory, busy), or a library lost again and again (`FUNCTION FLUSH`
+    ///   in a loop): this call.
     async fn call_function(
         &self,
         function: &Function,
@@ -284,6 +299,7 @@ impl Script {
         slot: u16,
         argv: &[String],
     ) -> Option<Result<Value, fred::error::Error>> {
+        let library = &function.library;
         let call = || {
             let mut words = Vec::with_capacity(argv.len() + 2);
             words.push(function.name.to_owned());
@@ -294,38 +310,73 @@ impl Script {
                 words,
             )
         };
+        let mut reply = call().await;
         for _ in 0..LOAD_TRIES {
-            match call().await {
-                Err(error) if error.details().contains("Function not found") => {}
-                other => return Some(other),
+            match &reply {
+                Err(error) if is_missing(error) => {}
+                Err(error) if refuses_functions(error) => {
+                    self.give_up_functions_if_denied(library, error);
+                    return None;
+                }
+                _ => return Some(reply),
             }
+            let _one_load = match library.loading.try_lock() {
+                Ok(first) => first,
+                Err(_) => {
+                    let waited = library.loading.lock().await;
+                    // Loaded meanwhile, by the call that held the lock?
+                    reply = call().await;
+                    if !matches!(&reply, Err(error) if is_missing(error)) {
+                        continue;
+                    }
+                    waited
+                }
+            };
             tracing::debug!(
                 script = self.name,
                 "fairlock's function library not loaded on the server; loading it"
             );
             let load = CustomCommand::new_static("FUNCTION", ClusterHash::Custom(slot), false);
-            let loaded = client
-                .custom::<Value, &str>(load, vec!["LOAD", function.library.code])
-                .await;
-            match loaded {
+            match client
+                .custom::<Value, &str>(load, vec!["LOAD", library.code])
+                .await
+            {
                 Ok(_) => {}
-                // Loaded meanwhile by another call.
+                // Loaded meanwhile by another backend.
                 Err(error) if error.details().contains("already exists") => {}
-                Err(error) if is_refusal(&error) => {
-                    tracing::warn!(
-                        %error,
-                        "fairlock-redis: the server refused to load fairlock's function \
-                         library; running its scripts by SHA (EVALSHA) from now on"
-                    );
-                    function.library.usable.store(false, Ordering::Relaxed);
+                // The server is away: the call fails as any other would (nothing ran).
+                Err(error) if is_connection(&error) => return Some(Err(error)),
+                Err(error) => {
+                    if refuses_functions(&error) {
+                        self.give_up_functions_if_denied(library, &error);
+                    } else {
+                        tracing::debug!(%error, "fairlock-redis: loading the function library failed; this call goes by SHA");
+                    }
                     return None;
                 }
-                // The server is away or busy: the call fails as any other would (nothing
-                // ran), and the next one tries again.
-                Err(error) => return Some(Err(error)),
             }
+            reply = call().await;
         }
-        None
+        match reply {
+            Err(error) if is_missing(&error) => None,
+            other => Some(other),
+        }
+    }
+
+    /// After `error` refused functions: if it is a permission (the ACL will not change by
+    /// itself), every later call of the backend goes by SHA.
+    fn give_up_functions_if_denied(&self, library: &Library, error: &fred::error::Error) {
+        if !error.details().starts_with("NOPERM") {
+            return;
+        }
+        if library.usable.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                %error,
+                script = self.name,
+                "fairlock-redis: the server does not permit fairlock's function library; \
+                 running its scripts by SHA (EVALSHA) from now on"
+            );
+        }
     }
 
     /// Runs the script by SHA once. When the server does not know it (a `SCRIPT FLUSH`, a
@@ -360,15 +411,29 @@ impl Script {
     }
 }
 
-/// Whether `error`, the reply to `FUNCTION LOAD`, says the server will not load the library:
-/// no permission (ACL), no such command (renamed, or a server without functions), or a library
-/// it cannot take. Anything else (a lost connection, a busy server) may pass.
-fn is_refusal(error: &fred::error::Error) -> bool {
-    let details = error.details().to_ascii_uppercase();
-    details.starts_with("NOPERM")
-        || details.contains("UNKNOWN COMMAND")
-        || details.contains("UNKNOWN SUBCOMMAND")
-        || details.starts_with("ERR")
+/// Whether `error` says the function called is not on that server (so the call did not run).
+fn is_missing(error: &fred::error::Error) -> bool {
+    error.details().starts_with("ERR Function not found")
+}
+
+/// Whether `error` says this server will not run functions for us: no permission for `FCALL`
+/// or `FUNCTION LOAD` (an ACL; a permission error inside a function reads otherwise), or no
+/// such command (renamed, or a node without functions).
+fn refuses_functions(error: &fred::error::Error) -> bool {
+    let details = error.details().to_ascii_lowercase();
+    (details.starts_with("noperm")
+        && (details.contains("'fcall'") || details.contains("'function")))
+        || details.contains("unknown command")
+        || details.contains("unknown subcommand")
+}
+
+/// Whether `error` is the connection's (no reply from the server), not a server's refusal.
+fn is_connection(error: &fred::error::Error) -> bool {
+    use fred::error::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled | ErrorKind::Backpressure
+    )
 }
 
 /// How often one client re-reads the slot map while its scripts meet `TRYAGAIN`: fred 10.1

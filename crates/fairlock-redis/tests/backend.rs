@@ -734,10 +734,12 @@ async fn scripts_are_reloaded_after_script_flush() {
     );
 }
 
-/// A server out of memory (`maxmemory` with `noeviction`) still releases and hands over, as it
-/// did when the scripts ran by `EVAL`: the library's mutating functions are `allow-oom`
-/// (without it, Redis refuses a function that may write as soon as memory is full, and a held
-/// lock would stay held until its lease ran out).
+/// A server out of memory (`maxmemory` with `noeviction`) still releases and hands over, and
+/// refuses new holds and waiters before writing anything, as when the scripts ran by `EVAL`
+/// (refused at their first write that needs memory, unless they wrote before): the library's
+/// release is `allow-oom` (without it, Redis refuses a function that may write as soon as
+/// memory is full, and a held lock would stay held until its lease ran out), its acquire is
+/// not (with it, new holds and waiters would grow memory past the limit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_out_of_memory_still_releases_and_hands_over() {
     let server = Server::start();
@@ -754,6 +756,12 @@ async fn a_server_out_of_memory_still_releases_and_hands_over() {
         server.cli(&["SET", "probe", "1"]).contains("OOM"),
         "the server is out of memory"
     );
+    let newcomer = request(&lock, &Owner::unique(), true);
+    let refused = backend.acquire(&newcomer).await;
+    assert!(
+        matches!(&refused, Err(error) if error.to_string().contains("OOM")),
+        "{refused:?}"
+    );
     assert_eq!(
         release(&backend, &holding, grant.token).await,
         ReleaseOutcome::Released { remaining: 0 }
@@ -762,6 +770,49 @@ async fn a_server_out_of_memory_still_releases_and_hands_over() {
     assert_eq!(hold_count(&backend, &lock).await, Some(1));
     server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     release(&backend, &waiting, to_b.token).await;
+}
+
+/// A user that may not call functions (an ACL without `FCALL`) still locks: the refusal comes
+/// before anything ran, and the backend runs the scripts by SHA from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_fcall_runs_the_scripts_by_sha() {
+    let server = Server::start();
+    assert_eq!(
+        server.cli(&[
+            "ACL",
+            "SETUSER",
+            "noscripts",
+            "on",
+            ">secret",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-function",
+        ]),
+        "OK"
+    );
+    let url = format!("redis://noscripts:secret@127.0.0.1:{}", server.0.port());
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let (lock, a) = (name(), Owner::unique());
+    for _ in 0..3 {
+        let holding = request(&lock, &a, true);
+        let grant = granted(&backend, &holding).await;
+        release(&backend, &holding, grant.token).await;
+    }
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let calls = |command: &str| {
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse::<u64>().unwrap())
+    };
+    assert_eq!(calls("evalsha"), 6, "every call by SHA");
+    assert!(
+        stats.contains("cmdstat_fcall:calls=0") || !stats.contains("cmdstat_fcall:"),
+        "FCALL was refused, never run: {stats}"
+    );
 }
 
 /// The library's functions do what the scripts do: each call starts afresh (the prelude's
