@@ -470,6 +470,19 @@ async fn refresh_slot_map(client: &Client) {
 mod tests {
     use super::*;
 
+    impl Scripts {
+        fn all(&self) -> [&Script; 6] {
+            [
+                &self.acquire,
+                &self.release,
+                &self.extend,
+                &self.abandon,
+                &self.force_release,
+                &self.inspect,
+            ]
+        }
+    }
+
     /// The library registers every operation under a name that carries its version, which is
     /// also the library's name: a change to any script makes a new library, never a new text
     /// under an old name (`FUNCTION LOAD` would refuse it as existing, and a server would
@@ -477,14 +490,7 @@ mod tests {
     #[test]
     fn the_library_names_its_version_everywhere() {
         let scripts = Scripts::new(PubsubMode::Sharded);
-        let all = [
-            &scripts.acquire,
-            &scripts.release,
-            &scripts.extend,
-            &scripts.abandon,
-            &scripts.force_release,
-            &scripts.inspect,
-        ];
+        let all = scripts.all();
         let code = all[0].function.as_ref().unwrap().library.code;
         let first = code.lines().next().unwrap();
         let version = first.strip_prefix("#!lua name=fairlock_").unwrap();
@@ -494,7 +500,7 @@ mod tests {
             assert_eq!(function.name, format!("fairlock_{}_{version}", script.name));
             assert!(code.contains(&format!("function_name = '{}'", function.name)));
         }
-        assert!(!code.contains("VERSION"));
+        assert!(!code.contains(VERSION));
         assert!(Scripts::new(PubsubMode::Classic).acquire.function.is_none());
     }
 
@@ -505,14 +511,7 @@ mod tests {
             (PubsubMode::Classic, "PUBLISH"),
         ] {
             let scripts = Scripts::new(mode);
-            for script in [
-                &scripts.acquire,
-                &scripts.release,
-                &scripts.extend,
-                &scripts.abandon,
-                &scripts.force_release,
-                &scripts.inspect,
-            ] {
+            for script in scripts.all() {
                 let first = script.body.lines().next().unwrap();
                 assert_eq!(
                     first,

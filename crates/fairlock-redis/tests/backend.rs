@@ -817,8 +817,8 @@ async fn a_user_without_fcall_runs_the_scripts_by_sha() {
 
 /// The library's functions do what the scripts do: each call starts afresh (the prelude's
 /// state of one call never leaks into the next, though a library keeps its locals between
-/// calls). A release that handed over, then an abandon and an acquire that found nothing to
-/// hand over, must each see only their own call's state.
+/// calls). A release that handed over, then a grant on another lock right after, must each
+/// see only their own call's state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn function_calls_start_afresh() {
     let server = Server::start();
