@@ -734,6 +734,31 @@ async fn scripts_are_reloaded_after_script_flush() {
     );
 }
 
+/// Times the server ran `command` (as `INFO commandstats` names it).
+fn command_calls(server: &Server, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// `lock` held by a unique owner's attempt, and another unique owner's attempt queued behind
+/// it with a watch: (the holder's request, its grant, the waiter's request, its watch).
+async fn held_with_a_waiter(
+    backend: &RedisBackend,
+    lock: &LockName,
+) -> (AcquireRequest, Grant, AcquireRequest, Watch) {
+    let holding = request(lock, &Owner::unique(), true);
+    let grant = granted(backend, &holding).await;
+    let waiting = request(lock, &Owner::unique(), true);
+    queued(backend, &waiting).await;
+    let watch = backend.watch(lock, &waiting.owner).await.unwrap();
+    (holding, grant, waiting, watch)
+}
+
 /// A server out of memory (`maxmemory` with `noeviction`) still releases and hands over, and
 /// refuses new holds and waiters before writing anything, as when the scripts ran by `EVAL`
 /// (refused at their first write that needs memory, unless they wrote before): the library's
@@ -744,12 +769,8 @@ async fn scripts_are_reloaded_after_script_flush() {
 async fn a_server_out_of_memory_still_releases_and_hands_over() {
     let server = Server::start();
     let backend = server.backend().await;
-    let (lock, a, b) = (name(), Owner::unique(), Owner::unique());
-    let holding = request(&lock, &a, true);
-    let grant = granted(&backend, &holding).await;
-    let waiting = request(&lock, &b, true);
-    queued(&backend, &waiting).await;
-    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    let lock = name();
+    let (holding, grant, waiting, mut watch) = held_with_a_waiter(&backend, &lock).await;
     server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     server.cli(&["CONFIG", "SET", "maxmemory", "1"]);
     assert!(
@@ -801,14 +822,7 @@ async fn a_user_without_fcall_runs_the_scripts_by_sha() {
         release(&backend, &holding, grant.token).await;
     }
     let stats = server.cli(&["INFO", "commandstats"]);
-    let calls = |command: &str| {
-        stats
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse::<u64>().unwrap())
-    };
-    assert_eq!(calls("evalsha"), 6, "every call by SHA");
+    assert_eq!(command_calls(&server, "evalsha"), 6, "every call by SHA");
     assert!(
         stats.contains("cmdstat_fcall:calls=0") || !stats.contains("cmdstat_fcall:"),
         "FCALL was refused, never run: {stats}"
@@ -823,18 +837,14 @@ async fn a_user_without_fcall_runs_the_scripts_by_sha() {
 async fn function_calls_start_afresh() {
     let server = Server::start();
     let backend = server.backend().await;
-    let (lock, a, b) = (name(), Owner::unique(), Owner::unique());
-    let holding = request(&lock, &a, true);
-    let grant = granted(&backend, &holding).await;
-    let waiting = request(&lock, &b, true);
-    queued(&backend, &waiting).await;
-    let mut watch = backend.watch(&lock, &b).await.unwrap();
+    let lock = name();
+    let (holding, grant, waiting, mut watch) = held_with_a_waiter(&backend, &lock).await;
     release(&backend, &holding, grant.token).await;
     let to_b = handed_over(&mut watch, &waiting).await;
     // A call right after, on another lock: none of the hand-over's state (the queue it
     // touched, the hold's TTL, the attempts it spent) may carry into it.
     let other = name();
-    let fresh = request(&other, &a, true);
+    let fresh = request(&other, &holding.owner, true);
     let fresh_grant = granted(&backend, &fresh).await;
     assert_eq!(fresh_grant.hold_count, 1);
     assert_eq!(keys_of(&server, &other), {
@@ -1221,12 +1231,7 @@ async fn odd_names_work_and_list_finds_them() {
 
 /// How many `SSUBSCRIBE` commands the server has run.
 fn ssubscribe_calls(server: &Server) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_ssubscribe:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
+    command_calls(server, "ssubscribe")
 }
 
 /// Watches share the lock's subscriptions (its channel, and the backend's own channel of the
