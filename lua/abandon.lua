@@ -21,8 +21,10 @@ if problem then
   return problem
 end
 
--- The attempt has ended: a re-sent acquire of it changes nothing.
-spend(attempt)
+-- The attempt has ended: a re-sent acquire of it changes nothing. A release that removed its
+-- level stays on record.
+local _, released = is_spent(attempt)
+spend(attempt, released)
 
 local queued = present[Q] and redis.call('HGET', W, '@' .. attempt)
 if queued then

@@ -37,8 +37,10 @@
 --      tag, so its slot.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
 --              spent when it is granted a level (grant, re-entry, hand-over) and when it
---              ends (release, abandon). PEXPIREAT = the latest score, so an idle lock's
---              records vanish by themselves.
+--              ends (release, abandon). The score has a half (until + 0.5) once a release
+--              removed the attempt's level, so that release sent again answers as it did,
+--              not as a lost lease. PEXPIREAT = the latest score, so an idle lock's records
+--              vanish by themselves.
 --
 -- Attempts are 32 lowercase hex digits (fairlock::backend::AttemptId). Re-sent requests need
 -- no request ids: an attempt is a level at most once, a release or abandon removes it once,
@@ -367,17 +369,24 @@ local function remove_level(hold, attempt)
 end
 
 -- Whether `attempt` is spent: granted a level, released or abandoned, less than the resend
--- horizon ago. A spent attempt is never granted again.
+-- horizon ago (a spent attempt is never granted again); and whether a release removed its
+-- level (the score's half).
 local function is_spent(attempt)
   if present[X] == false then
-    return false
+    return false, false
   end
-  local until_ms = tonumber(redis.call('ZSCORE', X, attempt))
-  return until_ms ~= nil and until_ms > now_ms
+  local score = tonumber(redis.call('ZSCORE', X, attempt))
+  -- The record lasts until its whole milliseconds, the mark aside.
+  if score == nil or math.floor(score) <= now_ms then
+    return false, false
+  end
+  return true, score % 1 ~= 0
 end
 
-local function spend(attempt)
-  table.insert(spent_now, attempt)
+-- Records `attempt` as spent (save_spent); `released`: a release removed its level, now or
+-- before (a record keeps it).
+local function spend(attempt, released)
+  table.insert(spent_now, { attempt, released })
 end
 
 -- Records the attempts this call spent, until `horizon_ms` from now, in one ZADD. Forgets at
@@ -389,9 +398,9 @@ local function save_spent()
   end
   local until_ms = int(now_ms + horizon_ms)
   local members = {}
-  for _, attempt in ipairs(spent_now) do
-    table.insert(members, until_ms)
-    table.insert(members, attempt)
+  for _, record in ipairs(spent_now) do
+    table.insert(members, record[2] and (until_ms .. '.5') or until_ms)
+    table.insert(members, record[1])
   end
   spent_now = {}
   redis.call('ZADD', X, unpack(members))

@@ -3,10 +3,11 @@
 --
 -- KEYS: H, Q, Z, W, F, X (see prelude.lua)
 -- ARGV: 1 owner, 2 token, 3 attempt, 4 resend horizon ms, 5 channel, 6 fence margin ms
--- Returns a string: "R <remaining hold count>"; also "R <count>" when the hold has no level
--- of the attempt but the attempt was spent before (a re-sent release). "N" when owner holds
--- no hold with that token (expired, force-released), or one without a level of an attempt
--- that was never spent: nothing changed but the attempt is recorded as spent.
+-- Returns a string: "R <remaining hold count>"; also when a release of the attempt removed
+-- its level before (this one is re-sent): "R <count>" while that hold lives, "R 0" once it is
+-- gone. "N" when owner holds no hold with that token (expired, force-released) or one without
+-- a level of the attempt, and no release removed it: nothing changed but the attempt is
+-- recorded as spent.
 local owner, token, attempt = ARGV[1], ARGV[2], ARGV[3]
 horizon_ms = tonumber(ARGV[4])
 
@@ -25,16 +26,17 @@ if problem then
 end
 
 -- Whatever happens, the attempt has ended: a re-sent acquire of it changes nothing.
-local already = is_spent(attempt)
-spend(attempt)
+local _, released = is_spent(attempt)
 
 hold = settle(hold, true)
 local reply
 if not hold or hold.owner ~= owner or hold.token ~= token then
-  reply = 'N'
+  -- Released before, by this request's first copy: the hold is gone since, not lost.
+  reply = released and 'R 0' or 'N'
 elseif not remove_level(hold, attempt) then
-  reply = already and ('R ' .. int(count(hold))) or 'N'
+  reply = released and ('R ' .. int(count(hold))) or 'N'
 else
+  released = true
   local remaining = count(hold)
   if remaining == 0 then
     free_hold()
@@ -43,5 +45,6 @@ else
   end
   reply = 'R ' .. int(remaining)
 end
+spend(attempt, released)
 save_spent()
 return reply

@@ -64,13 +64,26 @@ CREATE INDEX IF NOT EXISTS waiters_deadline ON @schema@.waiters (name, deadline)
 CREATE INDEX IF NOT EXISTS waiters_expiry ON @schema@.waiters (deadline);
 
 -- Spent attempts (granted a level, released or abandoned), remembered until `until` (the
--- resend horizon) so that a late re-send of them changes nothing.
+-- resend horizon) so that a late re-send of them changes nothing. `released`: a release
+-- removed the attempt's level, so that release sent again answers as it did, not as a lost
+-- lease.
 CREATE TABLE IF NOT EXISTS @schema@.spent (
-    name    text COLLATE "C" NOT NULL,
-    attempt uuid NOT NULL,
-    until   timestamptz NOT NULL,
+    name     text COLLATE "C" NOT NULL,
+    attempt  uuid NOT NULL,
+    until    timestamptz NOT NULL,
+    released boolean NOT NULL DEFAULT false,
     PRIMARY KEY (name, attempt)
 );
+-- Tables made by an earlier version lack it. Only then altered: ALTER TABLE locks the table
+-- against every reader even when the column exists.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = '@schema@.spent'::regclass AND attname = 'released'
+                     AND NOT attisdropped) THEN
+        ALTER TABLE @schema@.spent ADD COLUMN released boolean NOT NULL DEFAULT false;
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS spent_until ON @schema@.spent (until);
 
 -- Which version of these functions is installed (see src/schema.rs).
@@ -134,8 +147,8 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(p_last + 1, floor(extract(epoch FROM v_now) * 1000000)::bigint)
 $$;
 
--- Records `p_attempt` as spent until the resend horizon from now; returns whether it already
--- was (a live record).
+-- Records `p_attempt` as spent until the resend horizon from now, keeping a live record's
+-- `released`; returns whether it already was spent (a live record).
 CREATE OR REPLACE FUNCTION @schema@._spend(p_name text, p_attempt uuid, v_now timestamptz,
                                           p_horizon_ms bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
@@ -143,9 +156,10 @@ DECLARE
     v_before timestamptz;
 BEGIN
     SELECT until INTO v_before FROM @schema@.spent WHERE name = p_name AND attempt = p_attempt;
-    INSERT INTO @schema@.spent (name, attempt, until)
+    INSERT INTO @schema@.spent AS s (name, attempt, until)
     VALUES (p_name, p_attempt, v_now + @schema@._ms(p_horizon_ms))
-    ON CONFLICT (name, attempt) DO UPDATE SET until = excluded.until;
+    ON CONFLICT (name, attempt)
+    DO UPDATE SET until = excluded.until, released = s.released AND s.until > v_now;
     RETURN v_before IS NOT NULL AND v_before > v_now;
 END $$;
 

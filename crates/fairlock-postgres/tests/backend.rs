@@ -149,6 +149,32 @@ async fn a_dropped_schema_is_created_again() {
     assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
 }
 
+/// A schema installed by a version whose `spent` table had no `released` column gains it when
+/// this version installs its functions, and a re-sent release then answers as the first did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_versions_spent_table_gains_the_released_column() {
+    let server = Server::start();
+    drop(server.backend().await);
+    server.psql(
+        "ALTER TABLE fairlock.spent DROP COLUMN released; \
+         UPDATE fairlock.meta SET version = 'an earlier version'",
+    );
+    let backend = server.backend().await;
+    let lock = name();
+    let a = owner("a");
+    let first = request(&lock, &a, false);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&first).await.unwrap() else {
+        panic!("a free lock is granted");
+    };
+    for _ in 0..2 {
+        let released = backend
+            .release(&lock, &a, grant.token, first.attempt)
+            .await
+            .unwrap();
+        assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
+    }
+}
+
 /// Whether the `LISTEN` connections of the server, by backend pid.
 fn listeners(server: &Server) -> Vec<String> {
     let pids = server.psql(

@@ -216,9 +216,9 @@ async fn releases_remove_the_level_they_name_once() {
     assert_eq!(hold_count(&backend, &lock).await, Some(1));
     let zero = release(&backend, &inner, grant.token).await;
     assert_eq!(zero, ReleaseOutcome::Released { remaining: 0 });
-    // The hold is gone: nothing to release under that token any more.
+    // The hold is gone, freed by this very release: sent again, it answers as it did.
     let again = release(&backend, &inner, grant.token).await;
-    assert_eq!(again, ReleaseOutcome::NotHeld);
+    assert_eq!(again, ReleaseOutcome::Released { remaining: 0 });
     assert_eq!(hold_count(&backend, &lock).await, None);
     assert!(!backend
         .extend(&lock, &a, grant.token, Duration::from_secs(1))
@@ -932,8 +932,10 @@ async fn a_resent_script_is_applied_once() {
     assert_eq!(acquire(&x), "B");
     assert_eq!(server.cli(&["HGET", &key(&lock, "h"), "c"]), "1");
     assert_eq!(release(&y), "R 0");
-    // The hold is gone: nothing to release under that token any more.
-    assert_eq!(release(&y), "N");
+    // The hold is gone, freed by this release: sent again, it answers as it did.
+    assert_eq!(release(&y), "R 0");
+    // A release of that hold by an attempt that never had a level finds nothing.
+    assert_eq!(release(&AttemptId::random().to_string()), "N");
     assert_eq!(server.cli(&["EXISTS", &key(&lock, "h")]), "0");
     // A spent attempt is never granted again, even on a free lock.
     assert_eq!(acquire(&y), "B");
@@ -1646,4 +1648,35 @@ fn the_backend_is_a_shareable_trait_object() {
     fn shareable<T: Send + Sync + 'static>() {}
     shareable::<RedisBackend>();
     let _erase: fn(RedisBackend) -> std::sync::Arc<dyn LockBackend> = |b| std::sync::Arc::new(b);
+}
+
+/// `unlock()` whose release is applied but whose reply is lost with the connection: fred
+/// reconnects and sends the release again, unseen by the core, and the second copy finds the
+/// hold gone. That is a release, not a lost lease. Failed before the scripts remembered
+/// releases: the second copy answered `N` and `unlock()` returned `LeaseLost` (seen in the
+/// Sentinel failover tests, where the release reached a primary just before it died). On
+/// Redis 7 (FCALL), whose command names the release function.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_sent_again_by_the_client_after_a_lost_reply_is_a_release() {
+    use fairlock::LockClient;
+    use fairlock_testsupport::LossyProxy;
+
+    let server = Server::start();
+    let proxy = LossyProxy::start(server.0.addr()).unwrap();
+    let backend = RedisBackend::connect(&format!("redis://{}", proxy.addr()))
+        .await
+        .unwrap();
+    let client = LockClient::new(backend);
+    let lock = client.fair_lock(name().as_str()).unwrap();
+    for _ in 0..3 {
+        let guard = lock.lock().await.unwrap();
+        // Not before: the library's load also names the release function.
+        proxy.lose_reply_to(b"fairlock_release");
+        guard
+            .unlock()
+            .await
+            .expect("the release was applied: unlock() must say so");
+        assert!(lock.state().await.unwrap().holder.is_none());
+    }
+    assert_eq!(proxy.lost(), 3, "every release lost its first reply");
 }

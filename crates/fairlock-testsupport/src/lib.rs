@@ -29,6 +29,7 @@
 mod cluster;
 mod ports;
 mod postgres;
+mod proxy;
 mod resp;
 mod sentinel;
 mod server;
@@ -42,6 +43,7 @@ use std::sync::OnceLock;
 pub use cluster::RedisCluster;
 pub use ports::free_port;
 pub use postgres::{require_postgres, PostgresServer, PG_BINDIR_ENV};
+pub use proxy::LossyProxy;
 pub use sentinel::{RedisSentinels, SENTINEL_SERVICE};
 pub use server::RedisServer;
 pub use tempdir::TempDir;

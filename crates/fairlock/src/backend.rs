@@ -167,7 +167,11 @@ use crate::wake_queue;
 ///   changes nothing; by an attempt that is queued, it refreshes the deadline (a heartbeat);
 ///   by an attempt that is spent and holds no level (its hold ended, it was released or
 ///   abandoned), it returns [`AcquireOutcome::Busy`] and changes nothing;
-/// - `release` and `abandon` remove an attempt, which is gone the second time;
+/// - `release` and `abandon` remove an attempt, which is gone the second time. A `release`
+///   delivered again answers as its first delivery did: `Released` if that one removed the
+///   attempt's level, even once the hold has ended or another owner holds the lock (the
+///   level was released, not lost), and `NotHeld` if it did not. The core takes `NotHeld`
+///   as a lost lease, whether or not the reply it got was to a re-send;
 /// - `extend` only ever lengthens the lease of the hold with that token;
 /// - `force_release` names the token it frees, which no later hold has.
 ///
@@ -264,11 +268,13 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Removes the level of `attempt` (pending or confirmed) from `owner`'s hold with fencing
     /// token `token`, and ends the attempt. At 0 levels the lock is free and the head waiter
-    /// is handed the lock. Returns [`ReleaseOutcome::Released`] with the levels left, also
-    /// when that hold lives on and the attempt was already spent (a re-sent release);
+    /// is handed the lock. Returns [`ReleaseOutcome::Released`] with the levels left; also
+    /// when a release of this attempt removed its level before (this one is a re-send): the
+    /// levels left of that hold, or 0 once it has ended. Returns
     /// [`ReleaseOutcome::NotHeld`] when `owner` has no hold with `token` (it ended: expired,
-    /// force-released, or released to the last level), or the attempt never had a level in
-    /// it. Either way nothing else changes and the attempt is recorded as spent.
+    /// force-released) or has one without a level of the attempt, and no release of the
+    /// attempt removed one: the lease was lost. Either way nothing else changes, and the
+    /// attempt is recorded as spent (remembering whether a release removed its level).
     async fn release(
         &self,
         name: &LockName,

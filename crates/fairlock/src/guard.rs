@@ -10,7 +10,9 @@ use tokio::task::AbortHandle;
 use tokio::time::{sleep, timeout_at, Instant};
 use tracing::{debug, info_span, warn, Instrument};
 
-use crate::backend::{AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome};
+use crate::backend::{
+    AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome, RESEND_HORIZON,
+};
 use crate::error::{Error, Result};
 use crate::lease::Hold;
 use crate::levels::{Finishing, LevelTicket};
@@ -313,7 +315,11 @@ impl LockGuard {
     /// [`Error::LeaseLost`] if the lock was no longer held under this guard's token (it
     /// expired or was force-released: another owner may have held it meanwhile);
     /// [`Error::Unavailable`] after the store failed for the whole outage budget, and other
-    /// backend errors, in which case the store frees the lock when its lease ends.
+    /// backend errors, in which case the store frees the lock when its lease ends. Also
+    /// [`Error::Unavailable`] when a try that found the level gone came more than 30 s after
+    /// the first (half of [`RESEND_HORIZON`](crate::backend::RESEND_HORIZON)): the store may
+    /// have forgotten that an earlier try released it, so whether the lease was lost is
+    /// unknown.
     ///
     /// # Cancel safety
     /// The release runs on the caller's task (no task hop on the way to the store). If this
@@ -331,7 +337,7 @@ impl LockGuard {
         };
         // Until the release has run to completion, dropping this future re-sends it.
         let mut unfinished = Unfinished(Some(copy));
-        let result = release.run(false).await;
+        let result = release.run().await;
         unfinished.0 = None;
         result
     }
@@ -393,9 +399,16 @@ impl LockGuard {
             runtime: self.runtime.clone(),
             ticket: self.ticket.clone(),
             finishing: Arc::new(self.shared.levels.finishing()),
+            first_sent: Instant::now(),
         }
     }
 }
+
+/// How long after a release was first sent a `NotHeld` answer still means a lost lease. The
+/// store remembers a release that removed its level for [`RESEND_HORIZON`] from when it was
+/// applied, so a later try could find that record gone; half of it leaves room for how long
+/// a try takes on either side.
+const NOT_HELD_IS_KNOWN_WITHIN: Duration = Duration::from_secs(RESEND_HORIZON.as_secs() / 2);
 
 /// A guard's release in the store, ready to send (or to send again).
 #[derive(Clone, Debug)]
@@ -410,21 +423,22 @@ struct Release {
     ticket: LevelTicket,
     /// Marks the release as on its way from the moment the guard let go (see `levels.rs`).
     finishing: Arc<Finishing>,
+    /// When the first try went out (a re-send after a dropped `unlock` keeps it).
+    first_sent: Instant,
 }
 
 impl Release {
-    /// Sends the release in a background task (a dropped guard, or a dropped `unlock`);
-    /// `resent`: an earlier send of it may have been applied.
-    fn spawn(self, resent: bool) {
+    /// Sends the release in a background task (a dropped guard, or a dropped `unlock`).
+    fn spawn(self) {
         let runtime = self.runtime.clone();
         drop(runtime.spawn(async move {
             // The outcome is only traced: a failed release ends with the lease.
-            let _ = self.run(resent).await;
+            let _ = self.run().await;
         }));
     }
 
     /// Releases the level in the store, riding out a transient outage.
-    async fn run(self, resent: bool) -> Result<()> {
+    async fn run(self) -> Result<()> {
         let Release {
             shared,
             token,
@@ -433,6 +447,7 @@ impl Release {
             hold,
             ticket,
             finishing,
+            first_sent,
             ..
         } = self;
         let span = info_span!(
@@ -446,7 +461,7 @@ impl Release {
             // Harmless to repeat, so an outage is ridden out within the outage budget, as
             // `lock()` does (a failover takes seconds): a level left behind would live as
             // long as a sibling guard renews the hold.
-            let (outcome, retried) = retry_within(shared.options.outage_budget, || {
+            let outcome = retry_within(shared.options.outage_budget, || {
                 shared
                     .backend
                     .release(&shared.name, &shared.owner, token, attempt)
@@ -455,12 +470,33 @@ impl Release {
             // Done with the store: the level is gone, or left to its lease.
             drop(ticket);
             drop(finishing);
+            // A try whose reply was lost may have released the last level, so the next finds
+            // the hold gone: the store remembers that release and answers `Released` again
+            // (the contract's *Re-sends*), so `NotHeld` is a lost lease. Not once the store
+            // may have forgotten an earlier try: then the outcome is unknown.
             match outcome {
-                // A try whose reply was lost may have released the last level: the hold
-                // being gone then says nothing about the lease.
-                Ok(ReleaseOutcome::NotHeld) if (retried || resent) && !level.is_lost() => {
-                    debug!("released (an earlier try's reply was lost)");
-                    Ok(())
+                Ok(ReleaseOutcome::NotHeld)
+                    if first_sent.elapsed() >= NOT_HELD_IS_KNOWN_WITHIN && !level.is_lost() =>
+                {
+                    warn!(
+                        lock = %shared.name,
+                        owner = %shared.owner,
+                        token,
+                        "fairlock release: the store no longer has the level, and an earlier \
+                         try may have released it; whether the lease was lost is unknown"
+                    );
+                    Err(Error::Unavailable {
+                        backend: "fairlock",
+                        endpoint: "the lock store".to_owned(),
+                        source: format!(
+                            "the release of lock {:?} was first sent {:?} ago, and the store \
+                             remembers releases for {RESEND_HORIZON:?}: whether it released \
+                             the level or the lease had ended is unknown",
+                            shared.name.as_str(),
+                            first_sent.elapsed()
+                        )
+                        .into(),
+                    })
                 }
                 Ok(ReleaseOutcome::Released { .. }) if level.is_lost() => {
                     debug!("released, but this guard's hand-over had lapsed before");
@@ -506,7 +542,7 @@ struct Unfinished(Option<Release>);
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(release) = self.0.take() {
-            release.spawn(true);
+            release.spawn();
         }
     }
 }
@@ -514,7 +550,7 @@ impl Drop for Unfinished {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released {
-            self.end_level().spawn(false);
+            self.end_level().spawn();
         }
     }
 }

@@ -55,11 +55,21 @@ struct Store {
     locks: HashMap<LockName, LockEntry>,
     last_token: u64,
     watchers: HashMap<(LockName, Owner), Vec<WakeSender>>,
-    /// Spent attempts (granted a level at some point, or ended), until when they are
-    /// remembered: a spent attempt is never granted again.
-    spent: HashMap<(LockName, AttemptId), Instant>,
+    /// Spent attempts (granted a level at some point, or ended): a spent attempt is never
+    /// granted again.
+    spent: HashMap<(LockName, AttemptId), Spent>,
     /// The same records by expiry, so they are forgotten in order.
     spent_by_expiry: BTreeSet<(Instant, LockName, AttemptId)>,
+}
+
+/// The record of a spent attempt.
+#[derive(Clone, Copy)]
+struct Spent {
+    /// Until when it is remembered.
+    until: Instant,
+    /// A release removed its level: a re-sent release answers `Released` even once the hold
+    /// is gone, as the first did.
+    released: bool,
 }
 
 #[derive(Default)]
@@ -223,7 +233,7 @@ impl Store {
             }
             if let Some((until, name, attempt)) = self.spent_by_expiry.pop_first() {
                 let key = (name, attempt);
-                if self.spent.get(&key) == Some(&until) {
+                if self.spent.get(&key).is_some_and(|s| s.until == until) {
                     self.spent.remove(&key);
                 }
             }
@@ -234,17 +244,20 @@ impl Store {
         self.spent.contains_key(&(name.clone(), attempt))
     }
 
-    /// Records that `attempt` is spent; returns whether it was already.
-    fn spend(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> bool {
+    /// Records that `attempt` is spent (keeping whether it was released); returns its record
+    /// as it was.
+    fn spend(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> Option<Spent> {
         let until = now + RESEND_HORIZON;
         let key = (name.clone(), attempt);
-        let before = self.spent.insert(key, until);
+        let before = self.spent.get(&key).copied();
+        let released = before.is_some_and(|s| s.released);
+        self.spent.insert(key, Spent { until, released });
         if let Some(before) = before {
             self.spent_by_expiry
-                .remove(&(before, name.clone(), attempt));
+                .remove(&(before.until, name.clone(), attempt));
         }
         self.spent_by_expiry.insert((until, name.clone(), attempt));
-        before.is_some()
+        before
     }
 
     /// The lock has just become free: hand it to the head waiter as a pending grant.
@@ -358,7 +371,9 @@ impl Store {
         now: Instant,
     ) -> ReleaseOutcome {
         self.forget_spent(now);
-        let already = self.spend(name, attempt, now);
+        // A release of it removed its level before: this is that release again, and answers
+        // as it did (the levels left, 0 once the hold is gone), not as a lost lease.
+        let released = self.spend(name, attempt, now).is_some_and(|s| s.released);
         let entry = self.entry(name, now);
         let Some(holder) = entry
             .holder
@@ -366,10 +381,14 @@ impl Store {
             .filter(|h| h.owner == *owner && h.token == token)
         else {
             self.tidy(name);
-            return ReleaseOutcome::NotHeld;
+            return if released {
+                ReleaseOutcome::Released { remaining: 0 }
+            } else {
+                ReleaseOutcome::NotHeld
+            };
         };
         if !holder.remove(attempt) {
-            return if already {
+            return if released {
                 ReleaseOutcome::Released {
                     remaining: holder.count(),
                 }
@@ -380,6 +399,11 @@ impl Store {
         let remaining = holder.count();
         if remaining == 0 {
             entry.holder = None;
+        }
+        if let Some(record) = self.spent.get_mut(&(name.clone(), attempt)) {
+            record.released = true;
+        }
+        if remaining == 0 {
             self.hand_over(name, now);
             self.tidy(name);
         }

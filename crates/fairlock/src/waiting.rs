@@ -407,7 +407,7 @@ fn unusable(
                 let freeing = retry_within(budget, || {
                     shared.backend.force_release(&shared.name, grant.token)
                 });
-                let (freed, _) = match deadline {
+                let freed = match deadline {
                     None => freeing.await,
                     Some(deadline) => timeout_at(deadline, freeing).await.ok()?,
                 };
@@ -717,7 +717,7 @@ impl Attempt {
                     // Removes our queue entry, a hand-over made to us that we never took, or a
                     // grant whose reply we never saw; a request of ours still on its way will
                     // find the attempt ended and change nothing.
-                    let (abandoned, _) = retry_within(Duration::ZERO, || {
+                    let abandoned = retry_within(Duration::ZERO, || {
                         shared.backend.abandon(&shared.name, &shared.owner, attempt)
                     })
                     .await;
@@ -809,9 +809,8 @@ const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Runs `call` until it succeeds, fails for good, or the store has failed for `budget`
 /// (an outage, such as a failover, is ridden out as `lock()` rides it out; pauses double up to
 /// 1 s), trying at least [`RETRIES`] times (with a zero budget: just those, about 0.75 s of
-/// pauses in all); and says whether it had to try more than once (an
-/// earlier try may have been applied). Only for calls that are harmless when applied twice.
-pub(crate) async fn retry_within<T, F, Fut>(budget: Duration, mut call: F) -> (Result<T>, bool)
+/// pauses in all). Only for calls that are harmless when applied twice.
+pub(crate) async fn retry_within<T, F, Fut>(budget: Duration, mut call: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
@@ -827,12 +826,12 @@ where
                     Some(pause) => pause,
                     // A budget shorter than the few quick retries still gets those.
                     None if tries < RETRIES => FIRST_RETRY_PAUSE * 2u32.pow(tries - 1),
-                    None => return (Err(err), tries > 1),
+                    None => return Err(err),
                 };
                 debug!(error = %err, tries, ?pause, "the store failed; trying again");
                 pause
             }
-            other => return (other, tries > 1),
+            other => return other,
         };
         // Boxed: `unlock()` awaits this, and seldom pauses.
         Box::pin(tokio::time::sleep(pause)).await;

@@ -31,6 +31,13 @@ struct Faulty {
     /// The next release is answered as done but never reaches the store: a release the old
     /// primary acknowledged and a failover then lost.
     lose_next_release: Arc<AtomicBool>,
+    /// The next release is applied, its reply lost, and sent again by the link itself (as a
+    /// Redis client re-sends after a reconnect): the caller sees only the second reply.
+    resend_next_release: Arc<AtomicBool>,
+    /// The next release is applied and its reply lost: the caller sees an outage, which
+    /// then lasts `outage_after_lost_reply` for releases.
+    lose_next_release_reply: Arc<AtomicBool>,
+    outage_after_lost_reply: Arc<Mutex<Duration>>,
 }
 
 fn down() -> Error {
@@ -76,7 +83,16 @@ impl LockBackend for Faulty {
         if self.lose_next_release.swap(false, SeqCst) {
             return Ok(ReleaseOutcome::Released { remaining: 0 });
         }
-        self.inner.release(name, owner, token, attempt).await
+        let outcome = self.inner.release(name, owner, token, attempt).await?;
+        if self.resend_next_release.swap(false, SeqCst) {
+            return self.inner.release(name, owner, token, attempt).await;
+        }
+        if self.lose_next_release_reply.swap(false, SeqCst) {
+            let outage = *self.outage_after_lost_reply.lock().unwrap();
+            *self.releases_down_until.lock().unwrap() = Some(tokio::time::Instant::now() + outage);
+            return Err(down());
+        }
+        Ok(outcome)
     }
 
     async fn extend(
@@ -257,6 +273,73 @@ async fn unlock_rides_out_an_outage_within_the_budget() {
         waited >= Duration::from_secs(30) && waited < Duration::from_secs(32),
         "{waited:?}"
     );
+}
+
+/// A release applied by the store whose reply was lost, and that the link sent again unseen
+/// (fred re-sends after a reconnect): the second copy finds the hold gone. That is the
+/// release having worked, not a lost lease. Failed before the store remembered releases: it
+/// answered the re-send `NotHeld`, and the core, which had not retried, reported `LeaseLost`.
+#[tokio::test(start_paused = true)]
+async fn a_release_the_link_sent_twice_is_not_a_lost_lease() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lock = client.fair_lock("resent").unwrap();
+    let guard = lock.lock().await.unwrap();
+    backend.resend_next_release.store(true, SeqCst);
+    guard
+        .unlock()
+        .await
+        .expect("a re-sent release is a release");
+    assert!(lock.state().await.unwrap().holder.is_none());
+}
+
+/// A release that finds the lease already lost, and whose reply is lost, is retried by the
+/// core: the retry finds the hold gone too. The lease was lost all the same and `unlock()`
+/// must say so. Failed when the core took a retried `NotHeld` as the first try's release.
+#[tokio::test(start_paused = true)]
+async fn a_retried_release_that_found_the_lease_lost_reports_it() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lock = client.fair_lock("revoked").unwrap();
+    let guard = lock.lock().await.unwrap();
+    // Revoked behind the watchdog's back: only the release can find out.
+    let name = LockName::new("revoked").unwrap();
+    assert!(backend
+        .inner
+        .force_release(&name, guard.fencing_token())
+        .await
+        .unwrap());
+    backend.lose_next_release_reply.store(true, SeqCst);
+    let error = guard.unlock().await.unwrap_err();
+    assert!(matches!(error, Error::LeaseLost { .. }), "{error}");
+}
+
+/// A release applied by the store, whose reply was lost, and then an outage longer than the
+/// store remembers releases for (`RESEND_HORIZON`, 60 s) within a longer outage budget: the
+/// retry finds neither the level nor the record of its release. Whether the lease was lost is
+/// unknown, so `unlock()` must not claim it was, nor tell the sibling guard of the same hold
+/// (which still holds it) that it lost its lease. Found by review: failed with `LeaseLost`
+/// and the sibling's lost-lease signal fired.
+#[tokio::test(start_paused = true)]
+async fn a_release_retried_past_the_resend_horizon_is_not_called_lost() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone())
+        .with_options(
+            LockOptions::default()
+                .with_lease(Duration::from_secs(600))
+                .with_outage_budget(Duration::from_secs(120)),
+        )
+        .unwrap();
+    let lock = client.fair_lock("long-outage").unwrap();
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.lock().await.unwrap();
+    *backend.outage_after_lost_reply.lock().unwrap() = Duration::from_secs(61);
+    backend.lose_next_release_reply.store(true, SeqCst);
+    let error = inner.unlock().await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    assert!(!outer.is_lease_lost(), "the sibling guard still holds");
+    assert_eq!(lock.state().await.unwrap().holder.unwrap().hold_count, 1);
+    outer.unlock().await.expect("the sibling releases normally");
 }
 
 /// A release the store lost (acknowledged by a primary that a failover then replaced) leaves

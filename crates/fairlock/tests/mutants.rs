@@ -54,6 +54,12 @@ enum Kind {
     /// A hand-over reaches only the instance that made the grantee's request, whatever the
     /// owner (allowed for an `Owner::unique` owner alone).
     InstanceLocalWakeups,
+    /// A release sent again after it freed the hold answers `NotHeld`: a lost lease that was
+    /// not lost.
+    ForgetsReleases,
+    /// A release sent again after it found the hold gone answers `Released`: a lost lease
+    /// hidden by a retry.
+    HidesLostReleases,
 }
 
 /// The checks written for each clause: at least one of them must fail.
@@ -83,6 +89,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::PendingLastsLease => &["pending_grant_lasts_the_waiter_ttl"],
         Kind::ListCountsDead => &["list_ignores_dead_waiters"],
         Kind::InstanceLocalWakeups => &["shared_owner_hears_grants_in_every_instance"],
+        Kind::ForgetsReleases | Kind::HidesLostReleases => &["release_by_non_owner"],
     }
 }
 
@@ -101,6 +108,9 @@ struct Mutant {
     /// The attempts whose requests this instance made (for the mutant that keeps hand-overs
     /// in the instance).
     local: Arc<Mutex<std::collections::HashSet<AttemptId>>>,
+    /// The attempts released through this instance (for the mutants that answer re-sent
+    /// releases wrongly).
+    released: Mutex<std::collections::HashSet<AttemptId>>,
 }
 
 impl Mutant {
@@ -115,6 +125,7 @@ impl Mutant {
             attempts: Mutex::default(),
             listed,
             local: Arc::default(),
+            released: Mutex::default(),
         }
     }
 
@@ -241,9 +252,20 @@ impl LockBackend for Mutant {
         if self.kind == Kind::ForgetsSpent {
             self.attempts.lock().unwrap().remove(&attempt);
         }
-        self.inner
+        let outcome = self
+            .inner
             .release(name, owner, self.token_in(token), inner)
-            .await
+            .await?;
+        let again = !self.released.lock().unwrap().insert(attempt);
+        Ok(match (self.kind, outcome) {
+            (Kind::ForgetsReleases, ReleaseOutcome::Released { remaining: 0 }) if again => {
+                ReleaseOutcome::NotHeld
+            }
+            (Kind::HidesLostReleases, ReleaseOutcome::NotHeld) if again => {
+                ReleaseOutcome::Released { remaining: 0 }
+            }
+            (_, outcome) => outcome,
+        })
     }
 
     async fn extend(
@@ -391,6 +413,8 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::PendingLastsLease,
         Kind::ListCountsDead,
         Kind::InstanceLocalWakeups,
+        Kind::ForgetsReleases,
+        Kind::HidesLostReleases,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
     // has to fail the check written for its clause.

@@ -222,9 +222,9 @@ struct Model {
     now: Time,
     hold: Option<ModelHold>,
     queue: Vec<ModelEntry>,
-    /// Attempts granted a level at some point, or ended, and when that was recorded: never
-    /// granted again while remembered.
-    spent: HashMap<AttemptId, Time>,
+    /// Attempts granted a level at some point, or ended: never granted again while
+    /// remembered. When that was last recorded, and whether a release removed its level.
+    spent: HashMap<AttemptId, (Time, bool)>,
     /// How long spent attempts are remembered ([`RESEND_HORIZON`]), in half units.
     horizon: Time,
     grants: u64,
@@ -235,7 +235,7 @@ impl Model {
     fn expire(&mut self) {
         let now = self.now;
         let horizon = self.horizon;
-        self.spent.retain(|_, at| *at + horizon > now);
+        self.spent.retain(|_, (at, _)| *at + horizon > now);
         if let Some(hold) = &mut self.hold {
             if hold.pending.is_some_and(|(_, until)| until <= now) {
                 hold.pending = None;
@@ -245,6 +245,14 @@ impl Model {
             }
         }
         self.queue.retain(|e| e.deadline > now);
+    }
+
+    /// Records `attempt` as spent now, keeping whether it was released; returns that.
+    fn spend(&mut self, attempt: AttemptId) -> bool {
+        let now = self.now;
+        let record = self.spent.entry(attempt).or_insert((now, false));
+        record.0 = now;
+        record.1
     }
 
     fn dequeue(&mut self, attempt: AttemptId) -> Option<ModelEntry> {
@@ -257,7 +265,7 @@ impl Model {
             return;
         }
         let head = self.queue.remove(0);
-        self.spent.insert(head.attempt, self.now);
+        self.spend(head.attempt);
         self.grants += 1;
         let until = self.now + head.ttl;
         self.hold = Some(ModelHold {
@@ -307,14 +315,14 @@ impl Model {
                         grant: hold.grant,
                         count: hold.count(),
                     };
-                    self.spent.insert(attempt, now);
+                    self.spend(attempt);
                     self.dequeue(attempt);
                     return reply;
                 }
                 let is_head = self.queue.first().is_none_or(|e| e.attempt == attempt);
                 if self.hold.is_none() && is_head {
                     self.dequeue(attempt);
-                    self.spent.insert(attempt, now);
+                    self.spend(attempt);
                     self.grants += 1;
                     self.hold = Some(ModelHold {
                         owner,
@@ -354,13 +362,18 @@ impl Model {
                 grant,
                 attempt,
             } => {
-                let already = self.spent.insert(attempt, now).is_some();
+                // Released before: this is that release again, answered as it was.
+                let released = self.spend(attempt);
                 let Some(hold) = self
                     .hold
                     .as_mut()
                     .filter(|h| h.owner == owner && h.grant == grant)
                 else {
-                    return Reply::NotHeld;
+                    return if released {
+                        Reply::Released { remaining: 0 }
+                    } else {
+                        Reply::NotHeld
+                    };
                 };
                 let removed = if hold.pending.is_some_and(|(p, _)| p == attempt) {
                     hold.pending = None;
@@ -373,12 +386,13 @@ impl Model {
                 };
                 let remaining = hold.count();
                 if !removed {
-                    return if already {
+                    return if released {
                         Reply::Released { remaining }
                     } else {
                         Reply::NotHeld
                     };
                 }
+                self.spent.insert(attempt, (now, true));
                 if remaining == 0 {
                     self.hold = None;
                     self.hand_over();
@@ -397,7 +411,7 @@ impl Model {
                 _ => Reply::Bool(false),
             },
             Request::Abandon { owner, attempt } => {
-                self.spent.insert(attempt, now);
+                self.spend(attempt);
                 self.dequeue(attempt);
                 let mut freed = false;
                 if let Some(hold) = self.hold.as_mut().filter(|h| h.owner == owner) {

@@ -129,7 +129,10 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
 /// Release and extend by anyone but the holder with its token are refused and change nothing:
 /// another owner, the holder with a wrong token, an attempt of the holder that holds no level,
 /// `abandon` by an attempt that is not queued. A release names its level: releasing one level
-/// leaves the others, and the same release delivered again (a re-send) changes nothing.
+/// leaves the others, and the same release delivered again (a re-send) changes nothing and
+/// answers as the first did: `Released`, also once the hold is gone and another owner holds
+/// the lock (the first freed it: the caller lost nothing), and `NotHeld` when the first found
+/// the hold gone (force-released).
 pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "release_by_non_owner";
     let client = support::client(&backend);
@@ -216,8 +219,8 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         (outer, ReleaseOutcome::Released { remaining: 1 }),
         (outer, ReleaseOutcome::Released { remaining: 1 }),
         (inner, ReleaseOutcome::Released { remaining: 0 }),
-        // The hold is gone: nothing to release under that token any more.
-        (inner, ReleaseOutcome::NotHeld),
+        // The hold is gone, but by this very release: a re-send must not report it lost.
+        (inner, ReleaseOutcome::Released { remaining: 0 }),
     ];
     for (attempt, want) in expected {
         let released = backend
@@ -234,6 +237,30 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         state.holder.is_none() && state.waiters.is_empty(),
         "{CHECK}: lock free: {state:?}"
     );
+    // Another owner holds the lock now: the release re-sent once more still answers as it did,
+    // and leaves the new hold alone.
+    let granted = raw_acquire(&backend, &name, &stranger, lease, ttl, false).await;
+    let AcquireOutcome::Granted(other) = granted else {
+        panic!("{CHECK}: a free lock must be granted, got {granted:?}");
+    };
+    let resent = backend
+        .release(&lock_name, &holder, token, inner)
+        .await
+        .or_fail(CHECK);
+    assert_eq!(
+        resent,
+        ReleaseOutcome::Released { remaining: 0 },
+        "{CHECK}: a release re-sent after another owner took the lock it freed"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.owner == stranger.as_str() && h.token == other.token),
+        "{CHECK}: a re-sent release must leave the next hold alone: {state:?}"
+    );
+    super::fifo::release_raw(&backend, &name, &stranger, other.token, CHECK).await;
     // A re-sent acquire of an ended attempt changes nothing.
     let resent = raw_acquire_as(&backend, &name, &holder, outer, lease, ttl, true).await;
     assert_eq!(
@@ -275,5 +302,29 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         ReleaseOutcome::Released { remaining: 0 },
         "{CHECK}: release"
     );
+
+    // A release that finds its hold gone (force-released) answers NotHeld, and so does every
+    // re-send of it: the lease was lost, and a retry must not hide that.
+    let lost_attempt = AttemptId::random();
+    let granted = raw_acquire_as(&backend, &name, &holder, lost_attempt, lease, ttl, false).await;
+    let AcquireOutcome::Granted(lost) = granted else {
+        panic!("{CHECK}: a free lock must be granted, got {granted:?}");
+    };
+    let freed = backend
+        .force_release(&lock_name, lost.token)
+        .await
+        .or_fail(CHECK);
+    assert!(freed, "{CHECK}: force_release of the hold");
+    for send in ["first", "re-sent"] {
+        let released = backend
+            .release(&lock_name, &holder, lost.token, lost_attempt)
+            .await
+            .or_fail(CHECK);
+        assert_eq!(
+            released,
+            ReleaseOutcome::NotHeld,
+            "{CHECK}: the {send} release of a force-released hold"
+        );
+    }
     support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }

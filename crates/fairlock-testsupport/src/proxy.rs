@@ -1,0 +1,148 @@
+//! A TCP proxy on loopback that can lose one reply: the request reaches the server and is
+//! applied, the reply never reaches the client, and the connection drops. A client that
+//! re-sends after reconnecting (fred does) then delivers the same request twice.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+/// A proxy from a free loopback port to `target`, one pair of threads per connection.
+///
+/// Armed with [`lose_reply_to`](Self::lose_reply_to), the next chunk a client sends that
+/// contains the marker is forwarded, and the server's next chunk on that connection (its
+/// reply) is swallowed and the connection closed on both sides. Only for tests with one
+/// request in flight on the connection at that moment: other replies in the same chunk are
+/// lost too.
+///
+/// ```no_run
+/// use fairlock_testsupport::{LossyProxy, RedisServer};
+///
+/// let server = RedisServer::start()?;
+/// let proxy = LossyProxy::start(server.addr())?;
+/// proxy.lose_reply_to(b"PING");
+/// // A client of redis://{proxy.addr()} now loses the reply to its next PING.
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct LossyProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The marker of the request whose reply is lost next, if armed.
+    marker: Mutex<Option<Vec<u8>>>,
+    lost: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl LossyProxy {
+    /// Starts forwarding every connection to `target`.
+    pub fn start(target: SocketAddr) -> io::Result<LossyProxy> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let accepting = Arc::clone(&shared);
+        thread::Builder::new()
+            .name("lossy-proxy".into())
+            .spawn(move || {
+                for client in listener.incoming() {
+                    if accepting.stop.load(SeqCst) {
+                        break;
+                    }
+                    let Ok(client) = client else { continue };
+                    // A server that is gone: the client sees the connection close.
+                    let Ok(server) = TcpStream::connect(target) else {
+                        continue;
+                    };
+                    let _ = pump_pair(client, server, Arc::clone(&accepting));
+                }
+            })?;
+        Ok(LossyProxy { addr, shared })
+    }
+
+    /// `127.0.0.1:port`, where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Loses the reply to the next request that contains `marker` (see the type's docs).
+    pub fn lose_reply_to(&self, marker: &[u8]) {
+        *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
+    /// How many replies were lost so far.
+    pub fn lost(&self) -> usize {
+        self.shared.lost.load(SeqCst)
+    }
+}
+
+impl Drop for LossyProxy {
+    fn drop(&mut self) {
+        // Wakes the accepting thread so it sees the flag; open connections end with the
+        // server's or the client's side.
+        self.shared.stop.store(true, SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies both ways between `client` and `server` on two threads.
+fn pump_pair(client: TcpStream, server: TcpStream, shared: Arc<Shared>) -> io::Result<()> {
+    let lose_next = Arc::new(AtomicBool::new(false));
+    let (client_in, server_out) = (client.try_clone()?, server.try_clone()?);
+    let (requests_lose, requests_shared) = (Arc::clone(&lose_next), Arc::clone(&shared));
+    thread::Builder::new()
+        .name("lossy-proxy-requests".into())
+        .spawn(move || {
+            let (mut from, mut to) = (client_in, server_out);
+            let mut buffer = vec![0; 64 * 1024];
+            while let Ok(read) = from.read(&mut buffer) {
+                if read == 0 {
+                    break;
+                }
+                let chunk = &buffer[..read];
+                {
+                    let mut marker = requests_shared
+                        .marker
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if marker
+                        .as_ref()
+                        .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
+                    {
+                        // Set before the request goes on, so its reply cannot pass first.
+                        *marker = None;
+                        requests_lose.store(true, SeqCst);
+                    }
+                }
+                if to.write_all(chunk).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(Shutdown::Both);
+        })?;
+    thread::Builder::new()
+        .name("lossy-proxy-replies".into())
+        .spawn(move || {
+            let (mut from, mut to) = (server, client);
+            let mut buffer = vec![0; 64 * 1024];
+            while let Ok(read) = from.read(&mut buffer) {
+                if read == 0 {
+                    break;
+                }
+                if lose_next.load(SeqCst) {
+                    shared.lost.fetch_add(1, SeqCst);
+                    break;
+                }
+                if to.write_all(&buffer[..read]).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = from.shutdown(Shutdown::Both);
+        })?;
+    Ok(())
+}
