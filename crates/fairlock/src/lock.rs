@@ -148,10 +148,14 @@ impl LockClient {
     }
 
     /// Frees lock `name` whoever holds it (an operator's tool); the head waiter gets it next.
-    /// Returns whether it was held. The holder's guards report their lease lost.
+    /// Returns whether it freed a hold. The holder's guards report their lease lost.
     ///
     /// It reads the current hold and frees exactly that one (named by its fencing token), so
-    /// the request, even if delivered again later, never frees a hold made after it.
+    /// the request, even if delivered again later, never frees a hold made after it. `false`
+    /// when the lock was free, or when the hold read ended before the release reached the
+    /// store (the lock may be held again by then: look with [`state`](Self::state)). A
+    /// release re-sent by the client after a lost reply may also answer `false` although its
+    /// first copy freed the hold.
     ///
     /// # Cancel safety
     /// The store applies it atomically; if cancelled, it may or may not have been applied.
@@ -189,19 +193,15 @@ fn store(backend: &Arc<dyn LockBackend>, by_lock: bool) -> Arc<dyn LockBackend> 
     backend.clone()
 }
 
-/// Frees the current hold of `name`, if any. A hold that changes between the read and the
-/// release is looked at again, a few times at most.
+/// Frees the current hold of `name`, if any: the one read, and no other. `false` from the
+/// store is final, not a hold that changed meanwhile to be read again: a re-sent force
+/// release whose first copy freed the hold answers `false` too, and the lock may by then have
+/// gone to the next waiter, who must keep it.
 async fn force_release(backend: &Arc<dyn LockBackend>, name: &LockName) -> Result<bool> {
-    const TRIES: usize = 8;
-    for _ in 0..TRIES {
-        let Some(holder) = backend.inspect(name).await?.holder else {
-            return Ok(false);
-        };
-        if backend.force_release(name, holder.token).await? {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    let Some(holder) = backend.inspect(name).await?.holder else {
+        return Ok(false);
+    };
+    backend.force_release(name, holder.token).await
 }
 
 /// What a handle and its guards share.

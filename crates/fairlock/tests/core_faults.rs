@@ -38,6 +38,9 @@ struct Faulty {
     /// then lasts `outage_after_lost_reply` for releases.
     lose_next_release_reply: Arc<AtomicBool>,
     outage_after_lost_reply: Arc<Mutex<Duration>>,
+    /// The next force release is applied, its reply lost, and sent again by the link itself:
+    /// the caller sees only the second reply.
+    resend_next_force_release: Arc<AtomicBool>,
 }
 
 fn down() -> Error {
@@ -113,7 +116,11 @@ impl LockBackend for Faulty {
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
-        self.inner.force_release(name, token).await
+        let freed = self.inner.force_release(name, token).await?;
+        if self.resend_next_force_release.swap(false, SeqCst) {
+            return self.inner.force_release(name, token).await;
+        }
+        Ok(freed)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
@@ -340,6 +347,41 @@ async fn a_release_retried_past_the_resend_horizon_is_not_called_lost() {
     assert!(!outer.is_lease_lost(), "the sibling guard still holds");
     assert_eq!(lock.state().await.unwrap().holder.unwrap().hold_count, 1);
     outer.unlock().await.expect("the sibling releases normally");
+}
+
+/// `force_unlock` frees the hold it read, and that one only. When the link sends the force
+/// release again unseen (its first reply lost), the second copy finds the hold gone: the lock
+/// has meanwhile gone to the waiter first in line, who must keep it. Failed when
+/// `force_unlock` took the answer as "the hold changed", read the lock again and freed the
+/// waiter's new hold too.
+#[tokio::test(start_paused = true)]
+async fn a_force_unlock_sent_twice_frees_one_hold() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let stuck = client.fair_lock("stuck").unwrap();
+    let next = client.fair_lock("stuck").unwrap();
+    let guard = stuck.lock().await.unwrap();
+    let waiter = tokio::spawn(async move { next.lock().await });
+    while stuck.state().await.unwrap().waiters.is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    backend.resend_next_force_release.store(true, SeqCst);
+    client.force_unlock("stuck").await.unwrap();
+    let next_guard = waiter.await.unwrap().expect("the waiter gets the lock");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !next_guard.is_lease_lost(),
+        "the waiter's hold was freed too"
+    );
+    let holder = stuck
+        .state()
+        .await
+        .unwrap()
+        .holder
+        .expect("the waiter holds");
+    assert_eq!(holder.token, next_guard.fencing_token());
+    assert!(matches!(guard.unlock().await, Err(Error::LeaseLost { .. })));
+    next_guard.unlock().await.unwrap();
 }
 
 /// A release the store lost (acknowledged by a primary that a failover then replaced) leaves
