@@ -40,7 +40,8 @@
 --              ends (release, abandon). The score has a half (until + 0.5) once a release
 --              removed the attempt's level, so that release sent again answers as it did,
 --              not as a lost lease. PEXPIREAT = the latest score, so an idle lock's records
---              vanish by themselves.
+--              vanish by themselves. Also "f:<token>" for a hold a force release freed, so
+--              that request sent again answers as it did (attempts have no colon).
 --
 -- Attempts are 32 lowercase hex digits (fairlock::backend::AttemptId). Re-sent requests need
 -- no request ids: an attempt is a level at most once, a release or abandon removes it once,

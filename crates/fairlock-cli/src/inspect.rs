@@ -60,7 +60,8 @@ pub(crate) async fn force_unlock(
 #[derive(Debug, Serialize)]
 struct ForceUnlockJson<'a> {
     name: &'a str,
-    /// Whether someone held the lock (and so was forced out).
+    /// Whether this call freed a hold (whose holder was forced out); `false` when the lock was
+    /// free, or the hold it read ended by itself first.
     was_held: bool,
 }
 

@@ -12,7 +12,7 @@
 --
 -- Row-locking order, the same in every function, so no two operations deadlock:
 --   1. the lock's row in `locks` (SELECT ... FOR UPDATE, created first if missing);
---   2. rows of that lock only, in `waiters` and `spent`;
+--   2. rows of that lock only, in `waiters`, `spent` and `forced`;
 --   3. last, the clean-up (_gc), which locks other rows only with SKIP LOCKED: it never waits
 --      (and it deletes another lock's queue entries only after locking that lock's row so).
 -- A transaction waits only in steps 1 and 2, and in step 2 only for a holder of the same
@@ -85,6 +85,16 @@ BEGIN
     END IF;
 END $$;
 CREATE INDEX IF NOT EXISTS spent_until ON @schema@.spent (until);
+
+-- Holds a force release freed, by token, remembered until `until` (the resend horizon), so
+-- that force release sent again answers true as it did.
+CREATE TABLE IF NOT EXISTS @schema@.forced (
+    name  text COLLATE "C" NOT NULL,
+    token bigint NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (name, token)
+);
+CREATE INDEX IF NOT EXISTS forced_until ON @schema@.forced (until);
 
 -- Which version of these functions is installed (see src/schema.rs).
 CREATE TABLE IF NOT EXISTS @schema@.meta (version text NOT NULL);
@@ -271,6 +281,7 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_name text;
     v_attempt uuid;
+    v_token bigint;
     v_seq bigint;
 BEGIN
     -- Row by row, by primary key, so no plan can turn this into a scan.
@@ -279,6 +290,12 @@ BEGIN
         ORDER BY until LIMIT 8 FOR UPDATE SKIP LOCKED
     LOOP
         DELETE FROM @schema@.spent WHERE name = v_name AND attempt = v_attempt;
+    END LOOP;
+    FOR v_name, v_token IN
+        SELECT name, token FROM @schema@.forced WHERE until <= v_now
+        ORDER BY until LIMIT 2 FOR UPDATE SKIP LOCKED
+    LOOP
+        DELETE FROM @schema@.forced WHERE name = v_name AND token = v_token;
     END LOOP;
     SELECT name INTO v_name FROM @schema@.waiters
     WHERE deadline <= v_now AND name <> p_name

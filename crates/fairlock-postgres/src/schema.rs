@@ -156,7 +156,8 @@ impl Sql {
                 "SELECT name, owner, token, levels, pending, pending_until, lease_until, \
                  last_token, next_seq, gc_after FROM {quoted}.locks LIMIT 0; \
                  SELECT name, seq, attempt, owner, ttl_ms, deadline FROM {quoted}.waiters LIMIT 0; \
-                 SELECT name, attempt, until, released FROM {quoted}.spent LIMIT 0;"
+                 SELECT name, attempt, until, released FROM {quoted}.spent LIMIT 0; \
+                 SELECT name, token, until FROM {quoted}.forced LIMIT 0;"
             ))
             .await
     }

@@ -173,7 +173,9 @@ use crate::wake_queue;
 ///   level was released, not lost), and `NotHeld` if it did not. The core takes `NotHeld`
 ///   as a lost lease, whether or not the reply it got was to a re-send;
 /// - `extend` only ever lengthens the lease of the hold with that token;
-/// - `force_release` names the token it frees, which no later hold has.
+/// - `force_release` names the token it frees, which no later hold has. Delivered again, it
+///   answers as its first delivery did: `true` if that one freed the hold (the core reads a
+///   `false` as final and frees nothing else).
 ///
 /// **Mutual exclusion and reentrancy.** At most one owner holds a lock. `acquire` by an
 /// attempt (not spent) of the owner that holds (with a confirmed or a pending level) MUST add
@@ -300,7 +302,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()>;
 
     /// Frees the hold with fencing token `token`, whoever holds it and whatever its count, and
-    /// hands the lock on to the head waiter. Returns whether that hold existed.
+    /// hands the lock on to the head waiter. Returns whether that hold existed, or was freed
+    /// by a `force_release` of the same token before (this one is a re-send); the token is
+    /// remembered for [`RESEND_HORIZON`], as spent attempts are.
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool>;
 
     /// A snapshot of the lock as the store sees it now.

@@ -153,9 +153,8 @@ impl LockClient {
     /// It reads the current hold and frees exactly that one (named by its fencing token), so
     /// the request, even if delivered again later, never frees a hold made after it. `false`
     /// when the lock was free, or when the hold read ended before the release reached the
-    /// store (the lock may be held again by then: look with [`state`](Self::state)). A
-    /// release re-sent by the client after a lost reply may also answer `false` although its
-    /// first copy freed the hold.
+    /// store (the lock may be held again by then: look with [`state`](Self::state)). A force
+    /// release that the client re-sent after a lost reply answers as its first copy did.
     ///
     /// # Cancel safety
     /// The store applies it atomically; if cancelled, it may or may not have been applied.
@@ -195,8 +194,9 @@ fn store(backend: &Arc<dyn LockBackend>, by_lock: bool) -> Arc<dyn LockBackend> 
 
 /// Frees the current hold of `name`, if any: the one read, and no other. `false` from the
 /// store is final, not a hold that changed meanwhile to be read again: a re-sent force
-/// release whose first copy freed the hold answers `false` too, and the lock may by then have
-/// gone to the next waiter, who must keep it.
+/// release whose first copy freed the hold may answer `false` (a store that forgot it, past
+/// the resend horizon), and the lock may by then have gone to the next waiter, who must keep
+/// it.
 async fn force_release(backend: &Arc<dyn LockBackend>, name: &LockName) -> Result<bool> {
     let Some(holder) = backend.inspect(name).await?.holder else {
         return Ok(false);

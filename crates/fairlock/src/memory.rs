@@ -60,6 +60,10 @@ struct Store {
     spent: HashMap<(LockName, AttemptId), Spent>,
     /// The same records by expiry, so they are forgotten in order.
     spent_by_expiry: BTreeSet<(Instant, LockName, AttemptId)>,
+    /// Holds (lock, token) a force release freed, until when they are remembered: that force
+    /// release sent again answers `true` as it did.
+    forced: HashMap<(LockName, u64), Instant>,
+    forced_by_expiry: BTreeSet<(Instant, LockName, u64)>,
 }
 
 /// The record of a spent attempt.
@@ -225,8 +229,16 @@ impl Store {
         }
     }
 
-    /// Forgets spent attempts whose horizon has passed.
+    /// Forgets spent attempts and force-released tokens whose horizon has passed.
     fn forget_spent(&mut self, now: Instant) {
+        while let Some((until, _, _)) = self.forced_by_expiry.first() {
+            if *until > now {
+                break;
+            }
+            if let Some((_, name, token)) = self.forced_by_expiry.pop_first() {
+                self.forced.remove(&(name, token));
+            }
+        }
         while let Some((until, _, _)) = self.spent_by_expiry.first() {
             if *until > now {
                 break;
@@ -457,14 +469,22 @@ impl Store {
     }
 
     fn force_release(&mut self, name: &LockName, token: u64, now: Instant) -> bool {
+        self.forget_spent(now);
         let entry = self.entry(name, now);
         let held = entry.holder.as_ref().is_some_and(|h| h.token == token);
         if held {
             entry.holder = None;
+            let until = now + RESEND_HORIZON;
+            let key = (name.clone(), token);
+            if let Some(before) = self.forced.insert(key, until) {
+                self.forced_by_expiry.remove(&(before, name.clone(), token));
+            }
+            self.forced_by_expiry.insert((until, name.clone(), token));
             self.hand_over(name, now);
         }
         self.tidy(name);
-        held
+        // Freed before, by this request's first copy: answered as it was.
+        held || self.forced.contains_key(&(name.clone(), token))
     }
 
     fn inspect(&mut self, name: &LockName, now: Instant) -> LockState {

@@ -3,7 +3,7 @@
 //! clean-up are both lost. Found by review; each test failed on the code before its fix.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,9 +38,12 @@ struct Faulty {
     /// then lasts `outage_after_lost_reply` for releases.
     lose_next_release_reply: Arc<AtomicBool>,
     outage_after_lost_reply: Arc<Mutex<Duration>>,
-    /// The next force release is applied, its reply lost, and sent again by the link itself:
-    /// the caller sees only the second reply.
+    /// The next force release is applied, its reply lost, and sent again by the link itself;
+    /// the caller sees only the second reply, `false` (as from a store that no longer
+    /// remembers the first: past the resend horizon, or one written before stores had to).
     resend_next_force_release: Arc<AtomicBool>,
+    /// How many force releases reached the store.
+    force_releases: Arc<AtomicUsize>,
 }
 
 fn down() -> Error {
@@ -116,9 +119,12 @@ impl LockBackend for Faulty {
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        self.force_releases.fetch_add(1, SeqCst);
         let freed = self.inner.force_release(name, token).await?;
         if self.resend_next_force_release.swap(false, SeqCst) {
-            return self.inner.force_release(name, token).await;
+            self.force_releases.fetch_add(1, SeqCst);
+            self.inner.force_release(name, token).await?;
+            return Ok(false);
         }
         Ok(freed)
     }
@@ -350,8 +356,9 @@ async fn a_release_retried_past_the_resend_horizon_is_not_called_lost() {
 }
 
 /// `force_unlock` frees the hold it read, and that one only. When the link sends the force
-/// release again unseen (its first reply lost), the second copy finds the hold gone: the lock
-/// has meanwhile gone to the waiter first in line, who must keep it. Failed when
+/// release again unseen (its first reply lost), and the second copy answers `false` (a store
+/// that no longer remembers the first), the lock has meanwhile gone to the waiter first in
+/// line, who must keep it. Failed when
 /// `force_unlock` took the answer as "the hold changed", read the lock again and freed the
 /// waiter's new hold too.
 #[tokio::test(start_paused = true)]
@@ -367,7 +374,17 @@ async fn a_force_unlock_sent_twice_frees_one_hold() {
     }
     backend.resend_next_force_release.store(true, SeqCst);
     client.force_unlock("stuck").await.unwrap();
+    assert_eq!(
+        backend.force_releases.load(SeqCst),
+        2,
+        "one force release, sent twice by the link, and no other"
+    );
     let next_guard = waiter.await.unwrap().expect("the waiter gets the lock");
+    assert_eq!(
+        next_guard.fencing_token(),
+        guard.fencing_token() + 1,
+        "the waiter keeps the hand-over of the hold that was freed"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         !next_guard.is_lease_lost(),

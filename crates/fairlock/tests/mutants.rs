@@ -60,6 +60,10 @@ enum Kind {
     /// A release sent again after it found the hold gone answers `Released`: a lost lease
     /// hidden by a retry.
     HidesLostReleases,
+    /// A force release sent again after it freed the hold answers `false`.
+    ForgetsForceReleases,
+    /// A force release sent again after it found nothing answers `true`.
+    InventsForceReleases,
 }
 
 /// The checks written for each clause: at least one of them must fail.
@@ -90,6 +94,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ListCountsDead => &["list_ignores_dead_waiters"],
         Kind::InstanceLocalWakeups => &["shared_owner_hears_grants_in_every_instance"],
         Kind::ForgetsReleases | Kind::HidesLostReleases => &["release_by_non_owner"],
+        Kind::ForgetsForceReleases | Kind::InventsForceReleases => &["force_release"],
     }
 }
 
@@ -108,13 +113,25 @@ struct Mutant {
     /// The attempts whose requests this instance made (for the mutant that keeps hand-overs
     /// in the instance).
     local: Arc<Mutex<std::collections::HashSet<AttemptId>>>,
-    /// The attempts released through this instance (for the mutants that answer re-sent
-    /// releases wrongly).
+    /// What every instance has released and force-released, as a store would remember it
+    /// (for the mutants that answer re-sent requests wrongly; the suite spreads one check's
+    /// calls over several instances).
+    sent: Arc<Sent>,
+}
+
+#[derive(Debug, Default)]
+struct Sent {
     released: Mutex<std::collections::HashSet<AttemptId>>,
+    forced: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Mutant {
-    fn new(kind: Kind, inner: MemoryBackend, listed: Arc<Mutex<HashMap<String, usize>>>) -> Self {
+    fn new(
+        kind: Kind,
+        inner: MemoryBackend,
+        listed: Arc<Mutex<HashMap<String, usize>>>,
+        sent: Arc<Sent>,
+    ) -> Self {
         let inner: Arc<dyn LockBackend> = match kind {
             Kind::NoWakeups => Arc::new(LossyWakeups::new(Arc::new(inner))),
             _ => Arc::new(inner),
@@ -125,7 +142,7 @@ impl Mutant {
             attempts: Mutex::default(),
             listed,
             local: Arc::default(),
-            released: Mutex::default(),
+            sent,
         }
     }
 
@@ -256,7 +273,7 @@ impl LockBackend for Mutant {
             .inner
             .release(name, owner, self.token_in(token), inner)
             .await?;
-        let again = !self.released.lock().unwrap().insert(attempt);
+        let again = !self.sent.released.lock().unwrap().insert(attempt);
         Ok(match (self.kind, outcome) {
             (Kind::ForgetsReleases, ReleaseOutcome::Released { remaining: 0 }) if again => {
                 ReleaseOutcome::NotHeld
@@ -302,7 +319,13 @@ impl LockBackend for Mutant {
                 return self.inner.force_release(name, holder.token).await;
             }
         }
-        self.inner.force_release(name, self.token_in(token)).await
+        let freed = self.inner.force_release(name, self.token_in(token)).await?;
+        let again = !self.sent.forced.lock().unwrap().insert(token);
+        Ok(match self.kind {
+            Kind::ForgetsForceReleases if again => false,
+            Kind::InventsForceReleases if again => true,
+            _ => freed,
+        })
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
@@ -373,6 +396,7 @@ impl LockBackend for Mutant {
 async fn caught(kind: Kind) -> Vec<String> {
     let store = MemoryBackend::new();
     let listed = Arc::default();
+    let sent = Arc::default();
     let report = run_checks_within(
         move || {
             let handle = if kind == Kind::Unshared {
@@ -380,7 +404,7 @@ async fn caught(kind: Kind) -> Vec<String> {
             } else {
                 store.clone()
             };
-            let mutant = Mutant::new(kind, handle, Arc::clone(&listed));
+            let mutant = Mutant::new(kind, handle, Arc::clone(&listed), Arc::clone(&sent));
             async move { Arc::new(mutant) as Arc<dyn LockBackend> }
         },
         Duration::from_secs(30),
@@ -415,6 +439,8 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::InstanceLocalWakeups,
         Kind::ForgetsReleases,
         Kind::HidesLostReleases,
+        Kind::ForgetsForceReleases,
+        Kind::InventsForceReleases,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
     // has to fail the check written for its clause.

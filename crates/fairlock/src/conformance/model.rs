@@ -225,6 +225,9 @@ struct Model {
     /// Attempts granted a level at some point, or ended: never granted again while
     /// remembered. When that was last recorded, and whether a release removed its level.
     spent: HashMap<AttemptId, (Time, bool)>,
+    /// Holds (by grant) that a force release freed, and when: that request sent again answers
+    /// `true` as it did while remembered.
+    forced: HashMap<u64, Time>,
     /// How long spent attempts are remembered ([`RESEND_HORIZON`]), in half units.
     horizon: Time,
     grants: u64,
@@ -236,6 +239,7 @@ impl Model {
         let now = self.now;
         let horizon = self.horizon;
         self.spent.retain(|_, (at, _)| *at + horizon > now);
+        self.forced.retain(|_, at| *at + horizon > now);
         if let Some(hold) = &mut self.hold {
             if hold.pending.is_some_and(|(_, until)| until <= now) {
                 hold.pending = None;
@@ -432,9 +436,10 @@ impl Model {
                 let held = self.hold.as_ref().is_some_and(|h| h.grant == grant);
                 if held {
                     self.hold = None;
+                    self.forced.insert(grant, now);
                     self.hand_over();
                 }
-                Reply::Bool(held)
+                Reply::Bool(held || self.forced.contains_key(&grant))
             }
         }
     }
@@ -491,6 +496,7 @@ impl Schedule {
                 hold: None,
                 queue: Vec::new(),
                 spent: HashMap::new(),
+                forced: HashMap::new(),
                 horizon: (2 * RESEND_HORIZON.as_nanos() / config.clock.unit().as_nanos().max(1))
                     as Time,
                 grants: 0,

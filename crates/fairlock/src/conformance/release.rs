@@ -13,7 +13,8 @@ use crate::name::{LockName, Owner};
 /// `force_unlock` frees a lock held at hold count 2 and returns `true`; the head waiter gets
 /// it next (with a larger token); the old holder's lost-lease signal fires (its watchdog finds
 /// it no longer holds) and both its guards' `unlock` fail with [`Error::LeaseLost`] without
-/// touching the new hold. On a free lock, or one never used, it returns `false`. The head
+/// touching the new hold. A `force_release` delivered again answers as the first did (`true`
+/// after it freed the hold, `false` for a token it did not find) and frees nothing more. On a free lock, or one never used, it returns `false`. The head
 /// waiter's [`Watch`](crate::backend::Watch) gets a wake-up (within a generous 2 s).
 pub async fn force_release(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "force_release";
@@ -27,15 +28,17 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
     // A force release that names another hold's token frees nothing.
     let lock_name = LockName::new(&name).or_fail(CHECK);
     let stale = outer.fencing_token().wrapping_sub(1);
-    let freed = backend
-        .force_release(&lock_name, stale)
-        .await
-        .or_fail(CHECK);
-    let state = client.state(&name).await.or_fail(CHECK);
-    assert!(
-        !freed && state.holder.as_ref().map(|h| h.token) == Some(outer.fencing_token()),
-        "{CHECK}: force_release with another token must free nothing: {state:?}"
-    );
+    for send in ["first", "re-sent"] {
+        let freed = backend
+            .force_release(&lock_name, stale)
+            .await
+            .or_fail(CHECK);
+        let state = client.state(&name).await.or_fail(CHECK);
+        assert!(
+            !freed && state.holder.as_ref().map(|h| h.token) == Some(outer.fencing_token()),
+            "{CHECK}: force_release with another token ({send}) must free nothing: {state:?}"
+        );
+    }
     let was_held = client
         .force_unlock(&name)
         .await
@@ -54,6 +57,15 @@ pub async fn force_release(backend: Arc<dyn LockBackend>) {
     assert_eq!(
         acquired.hold_count, 1,
         "{CHECK}: the next holder starts at hold count 1"
+    );
+    // Sent again (its first reply lost): it answers as it did, and the new hold stays.
+    let again = backend
+        .force_release(&lock_name, outer.fencing_token())
+        .await
+        .or_fail(CHECK);
+    assert!(
+        again,
+        "{CHECK}: a force_release re-sent after it freed the hold must answer true"
     );
     timeout(support::EVENTUALLY, outer.lease_lost())
         .await
