@@ -60,8 +60,9 @@ pub(crate) async fn force_unlock(
 #[derive(Debug, Serialize)]
 struct ForceUnlockJson<'a> {
     name: &'a str,
-    /// Whether this call freed a hold (whose holder was forced out); `false` when the lock was
-    /// free, or the hold it read ended by itself first.
+    /// Whether the hold this call found was force-released (by it, or by another force
+    /// release of that hold at the same time); `false` when the lock was free, or the hold it
+    /// read ended by itself first.
     was_held: bool,
 }
 

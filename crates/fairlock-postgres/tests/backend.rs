@@ -375,6 +375,65 @@ async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() 
     );
 }
 
+/// A force release sent again after the lock's row was collected still answers as its first
+/// copy did (its `forced` row lives for the resend horizon), and an expired `forced` row is
+/// deleted by a later call on any lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_released_tokens_outlive_the_lock_row_and_are_collected() {
+    let server = Server::start();
+    let backend = PostgresBackend::builder(server.url())
+        .fence_margin(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let lock = name();
+    let short = fairlock::backend::AcquireRequest {
+        lease: Duration::from_millis(300),
+        ..request(&lock, &owner("holder"), false)
+    };
+    let AcquireOutcome::Granted(held) = backend.acquire(&short).await.unwrap() else {
+        panic!("granted");
+    };
+    assert!(backend.force_release(&lock, held.token).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    backend
+        .acquire(&request(&name(), &owner("other"), false))
+        .await
+        .unwrap();
+    let rows = format!("SELECT count(*) FROM fairlock.locks WHERE name = '{lock}'");
+    assert_eq!(server.psql(&rows), "0", "the idle lock's row was collected");
+    assert!(backend.force_release(&lock, held.token).await.unwrap());
+    assert!(!backend.force_release(&lock, held.token + 1).await.unwrap());
+
+    // A record made with a 100 ms horizon (through the SQL function itself) is deleted once
+    // that has passed.
+    let other = name();
+    let AcquireOutcome::Granted(brief) = backend
+        .acquire(&request(&other, &owner("holder"), false))
+        .await
+        .unwrap()
+    else {
+        panic!("granted");
+    };
+    let freed = server.psql(&format!(
+        "SELECT fairlock.force_release('{other}', {}, 100, 1000)",
+        brief.token
+    ));
+    assert_eq!(freed, "t");
+    let forced = format!("SELECT count(*) FROM fairlock.forced WHERE name = '{other}'");
+    assert_eq!(server.psql(&forced), "1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    backend
+        .acquire(&request(&name(), &owner("other"), false))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.psql(&forced),
+        "0",
+        "the expired record was collected"
+    );
+}
+
 /// An `abandon` that reaches a lock whose row an `acquire` of the same attempt is inserting
 /// (uncommitted: the lock's first use) waits for it and then ends the grant, instead of
 /// spending the attempt beside a grant that commits afterwards and holds the lock until its

@@ -21,8 +21,8 @@ pub(crate) struct LockKeys {
     pub(crate) fence: String,
     /// Shard channel of wake-ups.
     pub(crate) channel: String,
-    /// Sorted set: spent attempts (granted a level, released or abandoned), by when they are
-    /// forgotten.
+    /// Sorted set: spent attempts (granted a level, released or abandoned) and force-released
+    /// tokens (`f:<token>`), by when they are forgotten.
     pub(crate) spent: String,
 }
 

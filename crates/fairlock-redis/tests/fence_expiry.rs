@@ -85,3 +85,29 @@ async fn the_fence_outlives_a_waiter_and_many_names_leave_nothing() {
         "fence keys left after the margin"
     );
 }
+
+/// A force release sent again after the lock's fence expired (only its spent-attempt records
+/// are left, for the resend horizon) still answers as its first copy did; a token it never
+/// freed is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_sent_again_after_the_fence_expired_answers_as_before() {
+    use fairlock::backend::LockBackend;
+
+    let server = Server::start();
+    let margin = Duration::from_millis(400);
+    let backend = RedisBackend::builder(server.url())
+        .fence_margin(margin)
+        .connect()
+        .await
+        .unwrap();
+    let client = LockClient::new(backend.clone());
+    let guard = client.fair_lock("order-2").unwrap().lock().await.unwrap();
+    let token = guard.fencing_token();
+    let name = fairlock::LockName::new("order-2").unwrap();
+    assert!(backend.force_release(&name, token).await.unwrap());
+    drop(guard);
+    tokio::time::sleep(margin + Duration::from_millis(300)).await;
+    assert!(fence_keys(&server).is_empty(), "the fence expired");
+    assert!(backend.force_release(&name, token).await.unwrap());
+    assert!(!backend.force_release(&name, token + 1).await.unwrap());
+}

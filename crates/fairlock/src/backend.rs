@@ -243,8 +243,8 @@ use crate::wake_queue;
 /// guarantees must be documented; see the Redis backend.)
 ///
 /// **Nothing left behind.** A lock that is free with no live waiters SHOULD occupy no storage
-/// except what fencing needs and the ended-attempt records, which expire after
-/// [`RESEND_HORIZON`]. Whatever a caller left (a queued attempt, a held lock) MUST end by
+/// except what fencing needs and the records of spent attempts and force-released tokens,
+/// which expire after [`RESEND_HORIZON`]. Whatever a caller left (a queued attempt, a held lock) MUST end by
 /// itself within its liveness TTL or lease. The core ends every attempt it started (by
 /// `release` or `abandon`, in the background if its caller is gone), so a backend need not
 /// be cancel safe beyond atomicity.

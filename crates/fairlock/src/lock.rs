@@ -148,13 +148,16 @@ impl LockClient {
     }
 
     /// Frees lock `name` whoever holds it (an operator's tool); the head waiter gets it next.
-    /// Returns whether it freed a hold. The holder's guards report their lease lost.
+    /// Returns whether the hold it found was force-released. The holder's guards report their
+    /// lease lost.
     ///
     /// It reads the current hold and frees exactly that one (named by its fencing token), so
-    /// the request, even if delivered again later, never frees a hold made after it. `false`
-    /// when the lock was free, or when the hold read ended before the release reached the
-    /// store (the lock may be held again by then: look with [`state`](Self::state)). A force
-    /// release that the client re-sent after a lost reply answers as its first copy did.
+    /// the request, even if delivered again later, never frees a hold made after it. `true`
+    /// when that hold was freed by this call, or by another force release of the same hold
+    /// in the last minute (two operators at once: both are told `true`; a re-send by the
+    /// client after a lost reply is answered as its first copy was). `false` when the lock
+    /// was free, or when the hold read ended by itself before the release reached the store
+    /// (the lock may be held again by then: look with [`state`](Self::state)).
     ///
     /// # Cancel safety
     /// The store applies it atomically; if cancelled, it may or may not have been applied.
