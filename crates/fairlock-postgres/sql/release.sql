@@ -19,10 +19,7 @@ BEGIN
     l := @schema@._lock_row(p_name, true, p_margin_ms);
     v_orig := l;
     v_now := clock_timestamp();
-    v_released := coalesce((SELECT released FROM @schema@.spent
-                            WHERE name = p_name AND attempt = p_attempt AND until > v_now),
-                           false);
-    PERFORM @schema@._spend(p_name, p_attempt, v_now, p_horizon_ms);
+    v_released := @schema@._spend(p_name, p_attempt, v_now, p_horizon_ms);
     IF l.name IS NULL THEN
         PERFORM @schema@._gc(p_name, v_now);
         RETURN CASE WHEN v_released THEN 'R 0' ELSE 'N' END;

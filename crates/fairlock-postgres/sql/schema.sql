@@ -158,19 +158,19 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Records `p_attempt` as spent until the resend horizon from now, keeping a live record's
--- `released`; returns whether it already was spent (a live record).
+-- `released`; returns that `released` (false without a live record).
 CREATE OR REPLACE FUNCTION @schema@._spend(p_name text, p_attempt uuid, v_now timestamptz,
                                           p_horizon_ms bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
-    v_before timestamptz;
+    v_released boolean;
 BEGIN
-    SELECT until INTO v_before FROM @schema@.spent WHERE name = p_name AND attempt = p_attempt;
     INSERT INTO @schema@.spent AS s (name, attempt, until)
     VALUES (p_name, p_attempt, v_now + @schema@._ms(p_horizon_ms))
     ON CONFLICT (name, attempt)
-    DO UPDATE SET until = excluded.until, released = s.released AND s.until > v_now;
-    RETURN v_before IS NOT NULL AND v_before > v_now;
+    DO UPDATE SET until = excluded.until, released = s.released AND s.until > v_now
+    RETURNING released INTO v_released;
+    RETURN v_released;
 END $$;
 
 -- Whether `p_attempt` is spent (a live record).

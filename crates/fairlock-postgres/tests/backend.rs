@@ -305,14 +305,19 @@ async fn dead_waiters_of_a_lock_nobody_touches_are_deleted() {
     assert_eq!(count(&server, "SELECT count(*) FROM fairlock.waiters"), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() {
-    let server = Server::start();
-    let backend = PostgresBackend::builder(server.url())
+/// A backend whose idle locks' rows may be collected a second after their last use.
+async fn with_a_one_second_fence(server: &Server) -> PostgresBackend {
+    PostgresBackend::builder(server.url())
         .fence_margin(Duration::from_secs(1))
         .connect()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() {
+    let server = Server::start();
+    let backend = with_a_one_second_fence(&server).await;
     let lock = name();
     let holder = owner("holder");
     // The row outlives the longest lease or waiter deadline it ever had by the margin.
@@ -381,11 +386,7 @@ async fn an_idle_lock_leaves_only_its_fence_and_tokens_survive_its_collection() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_released_tokens_outlive_the_lock_row_and_are_collected() {
     let server = Server::start();
-    let backend = PostgresBackend::builder(server.url())
-        .fence_margin(Duration::from_secs(1))
-        .connect()
-        .await
-        .unwrap();
+    let backend = with_a_one_second_fence(&server).await;
     let lock = name();
     let short = fairlock::backend::AcquireRequest {
         lease: Duration::from_millis(300),

@@ -737,17 +737,6 @@ async fn scripts_are_reloaded_after_script_flush() {
     );
 }
 
-/// Times the server ran `command` (as `INFO commandstats` names it).
-fn command_calls(server: &Server, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// `lock` held by a unique owner's attempt, and another unique owner's attempt queued behind
 /// it with a watch: (the holder's request, its grant, the waiter's request, its watch).
 async fn held_with_a_waiter(
@@ -825,7 +814,7 @@ async fn a_user_without_fcall_runs_the_scripts_by_sha() {
         release(&backend, &holding, grant.token).await;
     }
     let stats = server.cli(&["INFO", "commandstats"]);
-    assert_eq!(command_calls(&server, "evalsha"), 6, "every call by SHA");
+    assert_eq!(server.command_calls("evalsha"), 6, "every call by SHA");
     assert!(
         stats.contains("cmdstat_fcall:calls=0") || !stats.contains("cmdstat_fcall:"),
         "FCALL was refused, never run: {stats}"
@@ -1236,7 +1225,7 @@ async fn odd_names_work_and_list_finds_them() {
 
 /// How many `SSUBSCRIBE` commands the server has run.
 fn ssubscribe_calls(server: &Server) -> u64 {
-    command_calls(server, "ssubscribe")
+    server.command_calls("ssubscribe")
 }
 
 /// Watches share the lock's subscriptions (its channel, and the backend's own channel of the

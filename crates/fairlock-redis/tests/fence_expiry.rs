@@ -18,15 +18,20 @@ fn fence_keys(server: &Server) -> Vec<String> {
         .collect()
 }
 
+/// A backend whose idle locks keep their fence for `margin`.
+async fn with_margin(server: &Server, margin: Duration) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .fence_margin(margin)
+        .connect()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_lock_leaves_no_fence_key_and_tokens_keep_growing() {
     let server = Server::start();
     let margin = Duration::from_millis(400);
-    let backend = RedisBackend::builder(server.url())
-        .fence_margin(margin)
-        .connect()
-        .await
-        .unwrap();
+    let backend = with_margin(&server, margin).await;
     let client = LockClient::new(backend);
     let lock = client.fair_lock("order-1").unwrap();
 
@@ -62,11 +67,7 @@ async fn an_idle_lock_leaves_no_fence_key_and_tokens_keep_growing() {
 async fn the_fence_outlives_a_waiter_and_many_names_leave_nothing() {
     let server = Server::start();
     let margin = Duration::from_millis(300);
-    let backend = RedisBackend::builder(server.url())
-        .fence_margin(margin)
-        .connect()
-        .await
-        .unwrap();
+    let backend = with_margin(&server, margin).await;
     let client = LockClient::new(backend);
     // 200 distinct names, used once each.
     for i in 0..200 {
@@ -95,11 +96,7 @@ async fn a_force_release_sent_again_after_the_fence_expired_answers_as_before() 
 
     let server = Server::start();
     let margin = Duration::from_millis(400);
-    let backend = RedisBackend::builder(server.url())
-        .fence_margin(margin)
-        .connect()
-        .await
-        .unwrap();
+    let backend = with_margin(&server, margin).await;
     let client = LockClient::new(backend.clone());
     let guard = client.fair_lock("order-2").unwrap().lock().await.unwrap();
     let token = guard.fencing_token();

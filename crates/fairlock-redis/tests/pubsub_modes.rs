@@ -18,19 +18,6 @@ fn start_62() -> Server {
     Server(RedisServer::start_binary(redis62_server(), &[]).expect("redis-server 6.2 starts"))
 }
 
-/// How many times the server has run `command` (lower case, as `INFO commandstats` names it),
-/// scripts' calls included.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    server
-        .cli(&["INFO", "commandstats"])
-        .expect("redis-cli runs")
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// Opens a new `RedisBackend` on `url` each time.
 fn opener(url: String) -> impl fairlock::conformance::OpenBackend {
     move || {
@@ -53,7 +40,7 @@ async fn redis_6_2_keeps_the_fairlock_contract() {
     assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Classic);
     fairlock::conformance::run_all(opener(server.url())).await;
     assert!(
-        calls(&server.0, "publish") > 0 && calls(&server.0, "subscribe") > 0,
+        server.command_calls("publish") > 0 && server.command_calls("subscribe") > 0,
         "the suite's waiters were woken through classic pub/sub"
     );
 }
@@ -122,14 +109,17 @@ async fn hand_over_is_woken(url: &str) -> (LockClient, LockClient) {
 async fn a_waiter_on_redis_6_2_is_woken_at_once() {
     let server = start_62();
     let _clients = hand_over_is_woken(&server.url()).await;
-    assert!(calls(&server.0, "publish") > 0, "published with PUBLISH");
     assert!(
-        calls(&server.0, "subscribe") > 0,
+        server.command_calls("publish") > 0,
+        "published with PUBLISH"
+    );
+    assert!(
+        server.command_calls("subscribe") > 0,
         "subscribed with SUBSCRIBE"
     );
     // The subscription ends with the last watch (after the default 2 s linger), by UNSUBSCRIBE.
     let started = Instant::now();
-    while calls(&server.0, "unsubscribe") == 0 {
+    while server.command_calls("unsubscribe") == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "never unsubscribed"
@@ -153,9 +143,9 @@ async fn redis_7_uses_sharded_pubsub() {
     let backend = server.backend().await;
     assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Sharded);
     hand_over_is_woken(&server.url()).await;
-    assert!(calls(&server.0, "spublish") > 0);
-    assert_eq!(calls(&server.0, "publish"), 0);
-    assert_eq!(calls(&server.0, "subscribe"), 0);
+    assert!(server.command_calls("spublish") > 0);
+    assert_eq!(server.command_calls("publish"), 0);
+    assert_eq!(server.command_calls("subscribe"), 0);
 }
 
 /// A user refused `COMMAND` is told the mode by `INFO server`; one refused both gets classic
@@ -175,7 +165,7 @@ async fn detection_falls_back_when_commands_are_refused() {
         assert_eq!(backend.pubsub_mode().await.unwrap(), mode, "{user}");
         hand_over_is_woken(&url).await;
     }
-    assert!(calls(&server.0, "publish") > 0 && calls(&server.0, "spublish") > 0);
+    assert!(server.command_calls("publish") > 0 && server.command_calls("spublish") > 0);
 }
 
 /// A watch must be subscribed on the server when `watch()` returns: the waiter registers

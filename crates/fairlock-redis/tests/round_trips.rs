@@ -10,17 +10,6 @@ use common::Server;
 use fairlock::LockClient;
 use fairlock_redis::RedisBackend;
 
-/// How many times the server has run `command` (lower case, as `INFO commandstats` names it).
-fn calls(server: &Server, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_caller_that_waits_subscribes() {
     let server = Server::start();
@@ -34,32 +23,32 @@ async fn only_a_caller_that_waits_subscribes() {
     let warm_up = client.fair_lock(common::name().as_str()).unwrap();
     warm_up.lock().await.unwrap().unlock().await.unwrap();
     assert_eq!(
-        calls(&server, "function|load"),
+        server.command_calls("function|load"),
         1,
         "the library is loaded once"
     );
     assert_eq!(
-        calls(&server, "fcall"),
+        server.command_calls("fcall"),
         3,
         "acquire (twice: before and after the load), release"
     );
-    let scripts = calls(&server, "fcall");
+    let scripts = server.command_calls("fcall");
     let guard = holder.lock().await.unwrap();
     assert_eq!(
-        calls(&server, "fcall") - scripts,
+        server.command_calls("fcall") - scripts,
         1,
         "one acquire function call"
     );
-    assert_eq!(calls(&server, "evalsha"), 0, "no script by SHA");
+    assert_eq!(server.command_calls("evalsha"), 0, "no script by SHA");
     assert_eq!(
-        calls(&server, "ssubscribe"),
+        server.command_calls("ssubscribe"),
         0,
         "free lock: no subscription"
     );
 
     let waiting = tokio::spawn(async move { waiter.lock().await.map(|g| g.fencing_token()) });
     let started = std::time::Instant::now();
-    while calls(&server, "ssubscribe") == 0 {
+    while server.command_calls("ssubscribe") == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the waiter never subscribed"
@@ -74,7 +63,7 @@ async fn only_a_caller_that_waits_subscribes() {
         .unwrap();
     assert!(next.unwrap() > token);
     assert_eq!(
-        calls(&server, "ssubscribe"),
+        server.command_calls("ssubscribe"),
         2,
         "once each: the lock's channel and the backend's own"
     );

@@ -94,55 +94,53 @@ fn pump_pair(client: TcpStream, server: TcpStream, shared: Arc<Shared>) -> io::R
     let lose_next = Arc::new(AtomicBool::new(false));
     let (client_in, server_out) = (client.try_clone()?, server.try_clone()?);
     let (requests_lose, requests_shared) = (Arc::clone(&lose_next), Arc::clone(&shared));
-    thread::Builder::new()
-        .name("lossy-proxy-requests".into())
-        .spawn(move || {
-            let (mut from, mut to) = (client_in, server_out);
-            let mut buffer = vec![0; 64 * 1024];
-            while let Ok(read) = from.read(&mut buffer) {
-                if read == 0 {
-                    break;
-                }
-                let chunk = &buffer[..read];
-                {
-                    let mut marker = requests_shared
-                        .marker
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    if marker
-                        .as_ref()
-                        .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
-                    {
-                        // Set before the request goes on, so its reply cannot pass first.
-                        *marker = None;
-                        requests_lose.store(true, SeqCst);
-                    }
-                }
-                if to.write_all(chunk).is_err() {
-                    break;
-                }
+    pump(
+        "lossy-proxy-requests",
+        client_in,
+        server_out,
+        move |chunk| {
+            let mut marker = requests_shared
+                .marker
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if marker
+                .as_ref()
+                .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
+            {
+                // Set before the request goes on, so its reply cannot pass first.
+                *marker = None;
+                requests_lose.store(true, SeqCst);
             }
-            let _ = to.shutdown(Shutdown::Both);
-        })?;
-    thread::Builder::new()
-        .name("lossy-proxy-replies".into())
-        .spawn(move || {
-            let (mut from, mut to) = (server, client);
-            let mut buffer = vec![0; 64 * 1024];
-            while let Ok(read) = from.read(&mut buffer) {
-                if read == 0 {
-                    break;
-                }
-                if lose_next.load(SeqCst) {
-                    shared.lost.fetch_add(1, SeqCst);
-                    break;
-                }
-                if to.write_all(&buffer[..read]).is_err() {
-                    break;
-                }
+            true
+        },
+    )?;
+    pump("lossy-proxy-replies", server, client, move |_| {
+        if lose_next.load(SeqCst) {
+            shared.lost.fetch_add(1, SeqCst);
+            return false;
+        }
+        true
+    })
+}
+
+/// Copies `from` to `to` on a thread of its own, chunk by chunk, while `forward` says so;
+/// then closes both.
+fn pump(
+    name: &str,
+    mut from: TcpStream,
+    mut to: TcpStream,
+    mut forward: impl FnMut(&[u8]) -> bool + Send + 'static,
+) -> io::Result<()> {
+    thread::Builder::new().name(name.into()).spawn(move || {
+        let mut buffer = vec![0; 64 * 1024];
+        while let Ok(read) = from.read(&mut buffer) {
+            let chunk = &buffer[..read];
+            if read == 0 || !forward(chunk) || to.write_all(chunk).is_err() {
+                break;
             }
-            let _ = to.shutdown(Shutdown::Both);
-            let _ = from.shutdown(Shutdown::Both);
-        })?;
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    })?;
     Ok(())
 }

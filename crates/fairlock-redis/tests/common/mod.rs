@@ -31,6 +31,17 @@ impl Server {
     pub async fn backend(&self) -> RedisBackend {
         RedisBackend::connect(&self.url()).await.expect("connects")
     }
+
+    /// Times the server ran `command` (lower case, as `INFO commandstats` names it), calls
+    /// from scripts included.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().unwrap())
+    }
 }
 
 /// A private 3-master Redis Cluster, stopped when dropped.
