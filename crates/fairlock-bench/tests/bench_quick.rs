@@ -49,3 +49,35 @@ fn quick_uncontended_section_reports_markdown_and_json() {
     assert_eq!(keys, ["limit", "uncontended"]);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The script section alone, on a server where nothing has loaded the function library yet:
+/// its warm-up call loads it (two script calls), which the section once took for a wrong count
+/// and failed with "uncontended acquire: expected one script call, the server ran 2".
+#[test]
+fn the_scripts_section_runs_alone_on_a_fresh_server() {
+    let out = std::env::temp_dir().join(format!(
+        "fairlock-bench-test-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let output = Command::new(env!("CARGO_BIN_EXE_fairlock-bench"))
+        .args(["--quick", "--only", "scripts", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {}\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("server time: release with hand-over"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Redis commands per call: uncontended acquire"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
