@@ -31,6 +31,8 @@ pub(crate) struct Config {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limit {
     pub(crate) evalsha: Duration,
+    /// The same round trip after a 1 ms hold (the server idle meanwhile).
+    pub(crate) evalsha_after_hold: Duration,
 }
 
 /// What every section shares.
@@ -159,6 +161,7 @@ pub(crate) async fn run(config: Config) -> Result<(), BoxError> {
         admin,
         limit: Limit {
             evalsha: Duration::ZERO,
+            evalsha_after_hold: Duration::ZERO,
         },
         run_id: format!("{started_unix_s}"),
     };

@@ -6,6 +6,7 @@ mod clock;
 mod connect;
 mod report;
 mod sections;
+mod stages;
 mod stats;
 mod worker;
 

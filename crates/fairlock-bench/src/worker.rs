@@ -1,5 +1,9 @@
 //! The benchmark protocol worker (`/work/shared/bench-protocol.md`): one OS process, one
 //! connection, fairlock's public API with default settings except the lease and the wait.
+//!
+//! Started by the processes section, with [`stages::ENV`](crate::stages::ENV) set, it also
+//! prints `STAGE id t_acq token heard_ns` on stderr for each hold it got by a hand-over
+//! message: when its process heard of it (see [`crate::stages`]).
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -8,6 +12,7 @@ use fairlock::LockClient;
 
 use crate::clock::EpochClock;
 use crate::connect;
+use crate::stages::Heard;
 
 /// The worker's command line, in protocol order.
 #[derive(Clone, Debug, clap::Args)]
@@ -56,6 +61,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
         return Err("K=0 (unbounded) needs DEADLINE_NS".into());
     }
 
+    let heard = Heard::install_if_asked(clock)?;
     let backend = connect::backend(&url, connect::Options::default())
         .await
         .map_err(|err| format!("connecting to {url}: {err}"))?;
@@ -105,6 +111,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
             }
         };
         let t_acq = clock.now_ns();
+        let token = guard.fencing_token();
         hold_for(hold).await;
         let t_rel_start = clock.now_ns();
         if let Err(err) = guard.unlock().await {
@@ -118,6 +125,11 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
         writeln!(out, "{id} {t_req} {t_acq} {t_rel_start}")
             .and_then(|()| out.flush())
             .map_err(|err| format!("stdout: {err}"))?;
+        drop(out);
+        // Outside the timed stretch: when this process heard of the hand-over it got, if any.
+        if let Some(heard_ns) = heard.as_ref().and_then(|heard| heard.take(token)) {
+            eprintln!("STAGE {id} {t_acq} {token} {heard_ns}");
+        }
     }
     Ok(())
 }
@@ -127,7 +139,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
 const SPIN: Duration = Duration::from_micros(1_500);
 
 /// Holds for `hold`, precisely: sleeps while more than [`SPIN`] is left, then spins.
-async fn hold_for(hold: Duration) {
+pub(crate) async fn hold_for(hold: Duration) {
     let end = std::time::Instant::now() + hold;
     if hold > SPIN {
         tokio::time::sleep(hold - SPIN).await;

@@ -105,6 +105,8 @@ fn two_workers_take_turns_on_one_lock() {
             "one READY line from worker {id}:\n{stderr}"
         );
         assert!(!stderr.contains("FAIL"), "worker {id} failed:\n{stderr}");
+        // Only the bench's processes section asks for stage lines; the harness does not.
+        assert!(!stderr.contains("STAGE"), "worker {id}:\n{stderr}");
         let mine = holds(&stdout, id);
         assert_eq!(mine.len(), 20, "worker {id} printed:\n{stdout}");
         for &(t_req, t_acq, t_rel) in &mine {
@@ -122,6 +124,77 @@ fn two_workers_take_turns_on_one_lock() {
         assert!(
             next_acq >= previous_rel,
             "worker {next} acquired at {next_acq} before worker {previous} released at {previous_rel}"
+        );
+    }
+}
+
+/// Asked by `FAIRLOCK_BENCH_STAGES` (the processes section does), a worker reports when its
+/// process heard of each hand-over it got: `STAGE id t_acq token heard_ns`, between the other
+/// worker's release and its own acquisition.
+#[test]
+fn workers_asked_for_stages_say_when_they_heard_of_each_hand_over() {
+    let server = Server::start().expect("redis-server starts");
+    let start = epoch_ns() + 1_500_000_000;
+    let args = |id: u64| -> Vec<String> {
+        [
+            "fairlock",
+            "staged-lock",
+            &id.to_string(),
+            "20",
+            "500",
+            &start.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let workers = [1u64, 2].map(|id| {
+        let child = spawn_worker(&server, &args(id), &[("FAIRLOCK_BENCH_STAGES", "1")]);
+        (id, child)
+    });
+    let mut all = Vec::new();
+    let mut stages = Vec::new();
+    for (id, child) in workers {
+        let (stdout, stderr) = finish(child);
+        all.extend(
+            holds(&stdout, id)
+                .into_iter()
+                .map(|(_, t_acq, t_rel)| (t_acq, t_rel, id)),
+        );
+        for line in stderr.lines().filter(|line| line.starts_with("STAGE ")) {
+            let fields: Vec<u128> = line[6..]
+                .split(' ')
+                .map(|field| field.parse().unwrap_or_else(|_| panic!("{line:?}")))
+                .collect();
+            let [who, t_acq, token, heard] = fields[..] else {
+                panic!("malformed {line:?}");
+            };
+            assert_eq!(who, u128::from(id), "{line:?}");
+            stages.push((t_acq, token, heard, id));
+        }
+    }
+    all.sort();
+    // Two workers taking turns: most of the 40 holds but the first came by hand-over.
+    assert!(
+        stages.len() >= 10,
+        "{} stage lines: {stages:?}",
+        stages.len()
+    );
+    for (t_acq, token, heard, id) in stages {
+        let at = all
+            .iter()
+            .position(|&(acq, _, who)| acq == t_acq && who == id)
+            .unwrap_or_else(|| panic!("no hold of worker {id} at {t_acq}"));
+        assert!(at > 0, "the first hold cannot be a hand-over");
+        let (_, previous_release, previous) = all[at - 1];
+        assert_ne!(previous, id, "a hand-over comes from the other worker");
+        assert!(
+            previous_release <= heard && heard <= t_acq,
+            "heard at {heard}, outside {previous_release}..{t_acq}"
+        );
+        // The token is the server's clock (µs) when the release's function ran.
+        assert!(
+            previous_release / 1_000 <= token && token <= heard / 1_000,
+            "token {token} outside the hand-over's time"
         );
     }
 }

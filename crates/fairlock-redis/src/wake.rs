@@ -130,6 +130,14 @@ impl Dispatcher {
                 match received {
                     Ok(message) => {
                         if let Some(payload) = message.value.as_str() {
+                            // When this process heard of a hand-over: the benchmark's stage
+                            // breakdown timestamps it (docs/performance.md).
+                            tracing::trace!(
+                                target: "fairlock_redis::wake",
+                                channel = %message.channel,
+                                payload = %payload,
+                                "wake-up received"
+                            );
                             dispatcher.deliver(&message.channel, &payload);
                         }
                     }

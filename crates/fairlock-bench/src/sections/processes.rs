@@ -29,6 +29,14 @@ struct Line {
     t_rel_start: u128,
 }
 
+/// A `STAGE id t_acq token heard_ns` line: the worker's process heard of the hand-over that
+/// granted its hold at `t_acq` (fencing `token`) at `heard_ns`.
+#[derive(Clone, Copy, Debug)]
+struct Heard {
+    token: u64,
+    heard_ns: u128,
+}
+
 pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let duration = bench.scale(Duration::from_secs(3), Duration::from_millis(500));
     let mut section = Section::new("processes", "Hand-over between worker processes");
@@ -66,6 +74,7 @@ async fn measure(
             .arg(start_ns.to_string())
             .arg(deadline_ns.to_string())
             .env("LOCKBENCH_REDIS_URL", &bench.url)
+            .env(crate::stages::ENV, "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -81,12 +90,15 @@ async fn measure(
             let errors = tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
                 let mut failures = Vec::new();
+                let mut heard = Vec::new();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if !line.starts_with("READY ") {
+                    if let Some(stage) = line.strip_prefix("STAGE ") {
+                        heard.extend(parse_stage(stage));
+                    } else if !line.starts_with("READY ") {
                         failures.push(line);
                     }
                 }
-                failures
+                (failures, heard)
             });
             let mut lines = BufReader::new(stdout).lines();
             let mut out = Vec::new();
@@ -94,7 +106,7 @@ async fn measure(
                 out.push(parse(&line)?);
             }
             let status = child.wait().await?;
-            let stderr = errors.await?;
+            let (stderr, heard) = errors.await?;
             if !status.success() {
                 return Err(format!("worker exited with {status}: {stderr:?}").into());
             }
@@ -102,21 +114,24 @@ async fn measure(
                 .iter()
                 .filter(|line| line.starts_with("FAIL "))
                 .count();
-            Ok::<_, BoxError>((out, failed))
+            Ok::<_, BoxError>((out, failed, heard))
         }));
     }
     let mut holds = Vec::new();
     let mut failed = 0;
+    let mut heard = std::collections::HashMap::new();
     for reader in readers {
-        let (lines, failures) = reader.await??;
+        let (lines, failures, heard_by_worker) = reader.await??;
         holds.extend(lines);
         failed += failures;
+        heard.extend(heard_by_worker);
     }
     holds.sort_by_key(|line| line.t_acq);
     // Includes each worker's warm-up (two calls) and the calls of its last, cut-off wait.
     let scripts = bench.script_stats().await?.0 - scripts_before;
 
     let mut gaps = Samples::with_capacity(holds.len());
+    let mut stages = Stages::default();
     let mut overlaps = 0;
     for pair in holds.windows(2) {
         let (previous, next) = (pair[0], pair[1]);
@@ -125,6 +140,9 @@ async fn measure(
         }
         if next.who != previous.who && next.t_req < previous.t_rel_start {
             gaps.push(nanos(next.t_acq.saturating_sub(previous.t_rel_start)));
+            if let Some(&heard) = heard.get(&(next.who, next.t_acq)) {
+                stages.add(previous, next, heard);
+            }
         }
     }
     let mut hold_lengths = Samples::with_capacity(holds.len());
@@ -156,11 +174,17 @@ async fn measure(
         )
         .target("<= 3x", ratio <= 3.0),
     );
+    section.push(Figure::new(
+        format!("{workers} processes: hand-over gap p50 / EVALSHA p50 after a 1 ms hold"),
+        super::support::ratio(gap_p50, bench.limit.evalsha_after_hold),
+        "x",
+    ));
     let p99 = gaps.percentile(99.0);
     section.push(
         Figure::micros(format!("{workers} processes: hand-over gap p99"), p99)
             .target("<= 1000 µs", p99 <= Duration::from_millis(1)),
     );
+    stages.report(section, workers, gaps.len());
     section.push(Figure::new(
         format!("{workers} processes: acquisitions per second"),
         per_second,
@@ -196,6 +220,70 @@ async fn measure(
         .target("0", failed == 0),
     );
     Ok(())
+}
+
+/// The stages of the hand-overs the grantee's process heard of by message (the others went
+/// to a grantee that asked first: its own request was granted).
+#[derive(Default)]
+struct Stages {
+    /// From the release's start to the start of the server function that handed over: the
+    /// token is the server's clock in µs when that function started, and the workers' clocks
+    /// are the same machine's.
+    to_function: Samples,
+    /// From there until the grantee's process got the message off its subscriber connection:
+    /// the rest of the function, the message's way, and waking that process.
+    to_heard: Samples,
+    /// From there until the grantee's `lock()` returned: routing the message to the waiting
+    /// call, waking it, and making the guard.
+    to_acquired: Samples,
+}
+
+impl Stages {
+    fn add(&mut self, previous: Line, next: Line, heard: Heard) {
+        let started = u128::from(heard.token) * 1_000;
+        // A token is the server's clock only when it is above the last one (always, at these
+        // rates); a skewed or stepped clock shows as a start outside the gap: left out.
+        if started < previous.t_rel_start || started > heard.heard_ns || heard.heard_ns > next.t_acq
+        {
+            return;
+        }
+        self.to_function.push(nanos(started - previous.t_rel_start));
+        self.to_heard.push(nanos(heard.heard_ns - started));
+        self.to_acquired.push(nanos(next.t_acq - heard.heard_ns));
+    }
+
+    fn report(&self, section: &mut Section, workers: usize, gaps: usize) {
+        section.push(Figure::new(
+            format!("{workers} processes: hand-overs heard by message / all"),
+            self.to_function.len() as f64 / gaps.max(1) as f64,
+            "",
+        ));
+        for (stage, samples) in [
+            ("release starts -> its function starts", &self.to_function),
+            ("-> grantee's process hears", &self.to_heard),
+            ("-> grantee's `lock()` returns", &self.to_acquired),
+        ] {
+            section.push(Figure::micros(
+                format!("{workers} processes: stage p50, {stage}"),
+                samples.median(),
+            ));
+        }
+    }
+}
+
+/// The worker and hold (`t_acq`) of a `STAGE` line (without its prefix), and what it says.
+fn parse_stage(line: &str) -> Option<((usize, u128), Heard)> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let [who, t_acq, token, heard_ns] = fields[..] else {
+        return None;
+    };
+    Some((
+        (who.parse().ok()?, t_acq.parse().ok()?),
+        Heard {
+            token: token.parse().ok()?,
+            heard_ns: heard_ns.parse().ok()?,
+        },
+    ))
 }
 
 fn nanos(ns: u128) -> Duration {
