@@ -12,7 +12,6 @@ use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::clock::EpochClock;
 
@@ -41,9 +40,9 @@ impl Heard {
             clock,
         }
         .with_filter(Targets::new().with_target(TARGET, LevelFilter::TRACE));
-        tracing_subscriber::registry()
-            .with(layer)
-            .try_init()
+        // Not `try_init`: that would also route the `log` crate's records (fred's) through
+        // tracing, a cost on every command that a worker run by the harness does not pay.
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
             .map_err(|err| format!("installing the stage recorder: {err}"))?;
         Ok(Some(heard))
     }
@@ -77,24 +76,63 @@ struct Recorder {
 impl<S: tracing::Subscriber> Layer<S> for Recorder {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let when = self.clock.now_ns();
-        let mut payload = Payload(None);
-        event.record(&mut payload);
-        if let Some(token) = payload.0.as_deref().and_then(granted_token) {
+        let mut visit = Visitor {
+            received: false,
+            token: None,
+        };
+        event.record(&mut visit);
+        if let (true, Some(token)) = (visit.received, visit.token) {
             self.heard.record(token, when);
         }
     }
 }
 
-/// The event's `payload` field, as text.
-struct Payload(Option<String>);
+/// Reads a `wake-up received` event: whether it is one, and the token of a hand-over.
+struct Visitor {
+    received: bool,
+    token: Option<u64>,
+}
 
-impl Visit for Payload {
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+impl Visit for Visitor {
+    fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "payload" {
-            self.0 = Some(format!("{value:?}"));
+            self.token = granted_token(value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // The message comes as `format_args!`, so through here: compared as it is written,
+        // without allocating.
+        if field.name() == "message" {
+            let mut expected = Expect {
+                rest: MESSAGE,
+                same: true,
+            };
+            self.received = fmt::write(&mut expected, format_args!("{value:?}")).is_ok()
+                && expected.same
+                && expected.rest.is_empty();
         }
     }
 }
+
+/// Compares what is written to it with `rest`.
+struct Expect {
+    rest: &'static str,
+    same: bool,
+}
+
+impl fmt::Write for Expect {
+    fn write_str(&mut self, written: &str) -> fmt::Result {
+        match self.rest.strip_prefix(written) {
+            Some(rest) if self.same => self.rest = rest,
+            _ => self.same = false,
+        }
+        Ok(())
+    }
+}
+
+/// The backend's event, by message (its target has other events).
+const MESSAGE: &str = "wake-up received";
 
 /// The token of a hand-over message, `G <token> <attempt> <owner>`.
 fn granted_token(payload: &str) -> Option<u64> {
@@ -124,6 +162,29 @@ mod tests {
         assert_eq!(heard.take(1), None);
         assert_eq!(heard.take(3), Some(30));
         assert_eq!(heard.take(3), None);
+    }
+
+    /// The layer as the worker installs it, fed events like the backend's.
+    #[test]
+    fn records_hand_overs_the_backend_reports_and_nothing_else() {
+        let heard = Heard::default();
+        let layer = Recorder {
+            heard: heard.clone(),
+            clock: EpochClock::new(),
+        }
+        .with_filter(Targets::new().with_target(TARGET, LevelFilter::TRACE));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let payload = String::from("G 41 0123 some owner");
+            tracing::trace!(target: "fairlock_redis::wake", channel = "c", payload = payload.as_str(), "wake-up received");
+            tracing::trace!(target: "fairlock_redis::wake", channel = "c", payload = "R some owner", "wake-up received");
+            tracing::trace!(target: "fairlock_redis::wake", payload = "G 42 0123 owner", "ignoring an unknown message");
+            tracing::trace!(target: "elsewhere", payload = "G 43 0123 owner", "wake-up received");
+        });
+        assert!(heard.take(41).is_some());
+        for token in [42, 43] {
+            assert_eq!(heard.take(token), None, "token {token}");
+        }
     }
 
     #[test]

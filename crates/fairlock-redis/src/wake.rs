@@ -135,7 +135,7 @@ impl Dispatcher {
                             tracing::trace!(
                                 target: "fairlock_redis::wake",
                                 channel = %message.channel,
-                                payload = %payload,
+                                payload = payload.as_ref(),
                                 "wake-up received"
                             );
                             dispatcher.deliver(&message.channel, &payload);

@@ -3,6 +3,8 @@
 //! external harness runs them, looping acquire, hold 1 ms, release until a common deadline.
 //! Reports the gap between one worker's release and the next worker's acquisition, the
 //! acquisitions per second, Jain's index over the workers and the hold length they measured.
+//! Unlike the harness, it also asks the workers for their `STAGE` lines
+//! ([`crate::stages`]), to split each hand-over into stages.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -236,6 +238,8 @@ struct Stages {
     /// From there until the grantee's `lock()` returned: routing the message to the waiting
     /// call, waking it, and making the guard.
     to_acquired: Samples,
+    /// Hand-overs the grantee heard of whose times did not fit the gap (left out above).
+    misfits: usize,
 }
 
 impl Stages {
@@ -245,6 +249,7 @@ impl Stages {
         // rates); a skewed or stepped clock shows as a start outside the gap: left out.
         if started < previous.t_rel_start || started > heard.heard_ns || heard.heard_ns > next.t_acq
         {
+            self.misfits += 1;
             return;
         }
         self.to_function.push(nanos(started - previous.t_rel_start));
@@ -255,9 +260,18 @@ impl Stages {
     fn report(&self, section: &mut Section, workers: usize, gaps: usize) {
         section.push(Figure::new(
             format!("{workers} processes: hand-overs heard by message / all"),
-            self.to_function.len() as f64 / gaps.max(1) as f64,
+            (self.to_function.len() + self.misfits) as f64 / gaps.max(1) as f64,
             "",
         ));
+        section.push(Figure::new(
+            format!("{workers} processes: of those, times outside their gap (left out)"),
+            self.misfits as f64,
+            "",
+        ));
+        if self.to_function.len() == 0 {
+            // No stage to report: a median of nothing would read as 0 µs.
+            return;
+        }
         for (stage, samples) in [
             ("release starts -> its function starts", &self.to_function),
             ("-> grantee's process hears", &self.to_heard),
@@ -301,4 +315,60 @@ fn parse(line: &str) -> Result<Line, BoxError> {
         t_acq: t_acq.parse()?,
         t_rel_start: t_rel_start.parse()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(who: usize, t_req: u128, t_acq: u128, t_rel_start: u128) -> Line {
+        Line {
+            who,
+            t_req,
+            t_acq,
+            t_rel_start,
+        }
+    }
+
+    #[test]
+    fn parses_stage_lines() {
+        let ((who, t_acq), heard) = parse_stage("3 5000 4 4500").unwrap();
+        assert_eq!(
+            (who, t_acq, heard.token, heard.heard_ns),
+            (3, 5000, 4, 4500)
+        );
+        assert!(parse_stage("3 5000 4").is_none());
+        assert!(parse_stage("3 5000 x 4500").is_none());
+    }
+
+    #[test]
+    fn splits_a_hand_over_at_the_function_start_and_the_hearing() {
+        // Released at 10 µs, the function started at 40 µs (token 40), heard at 90 µs,
+        // acquired at 100 µs.
+        let (previous, next) = (line(0, 0, 0, 10_000), line(1, 5_000, 100_000, 200_000));
+        let mut stages = Stages::default();
+        let heard = Heard {
+            token: 40,
+            heard_ns: 90_000,
+        };
+        stages.add(previous, next, heard);
+        assert_eq!(stages.to_function.median(), Duration::from_micros(30));
+        assert_eq!(stages.to_heard.median(), Duration::from_micros(50));
+        assert_eq!(stages.to_acquired.median(), Duration::from_micros(10));
+        // A token before the release (not the server's clock then), or a hearing after the
+        // acquisition, does not fit: counted, not used.
+        for heard in [
+            Heard {
+                token: 5,
+                heard_ns: 90_000,
+            },
+            Heard {
+                token: 40,
+                heard_ns: 150_000,
+            },
+        ] {
+            stages.add(previous, next, heard);
+        }
+        assert_eq!((stages.to_function.len(), stages.misfits), (1, 2));
+    }
 }
