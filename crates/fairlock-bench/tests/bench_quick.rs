@@ -1,32 +1,34 @@
 //! The benchmark itself runs end to end (`--quick`, one cheap section) and writes its report.
 
+use std::path::PathBuf;
 use std::process::Command;
 
-#[test]
-fn quick_uncontended_section_reports_markdown_and_json() {
+/// Runs the benchmark with `args` and a fresh `--out` directory; asserts it succeeded and
+/// returns its stdout and that directory.
+fn run_bench(args: &[&str]) -> (String, PathBuf) {
     let out = std::env::temp_dir().join(format!(
         "fairlock-bench-test-{}",
         uuid::Uuid::new_v4().simple()
     ));
     let output = Command::new(env!("CARGO_BIN_EXE_fairlock-bench"))
-        .args([
-            "--quick",
-            "--only",
-            "uncontended",
-            "--pool-size",
-            "2",
-            "--out",
-        ])
+        .args(args)
+        .arg("--out")
         .arg(&out)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
         "exit {}\n{stdout}\n{stderr}",
         output.status
     );
+    (stdout, out)
+}
+
+#[test]
+fn quick_uncontended_section_reports_markdown_and_json() {
+    let (stdout, out) = run_bench(&["--quick", "--only", "uncontended", "--pool-size", "2"]);
     assert!(
         stdout.contains("| figure | value | target | result |"),
         "{stdout}"
@@ -55,22 +57,7 @@ fn quick_uncontended_section_reports_markdown_and_json() {
 /// and failed with "uncontended acquire: expected one script call, the server ran 2".
 #[test]
 fn the_scripts_section_runs_alone_on_a_fresh_server() {
-    let out = std::env::temp_dir().join(format!(
-        "fairlock-bench-test-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let output = Command::new(env!("CARGO_BIN_EXE_fairlock-bench"))
-        .args(["--quick", "--only", "scripts", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {}\n{stdout}\n{stderr}",
-        output.status
-    );
+    let (stdout, out) = run_bench(&["--quick", "--only", "scripts"]);
     assert!(
         stdout.contains("server time: release with hand-over"),
         "{stdout}"

@@ -44,6 +44,19 @@ fn finish(child: Child) -> (String, String) {
     (stdout, stderr)
 }
 
+/// The protocol's arguments, without `DEADLINE_NS`.
+fn worker_args(lock: &str, id: u64, k: u64, hold_us: u64, start: u128) -> Vec<String> {
+    let args = [
+        "fairlock",
+        lock,
+        &id.to_string(),
+        &k.to_string(),
+        &hold_us.to_string(),
+        &start.to_string(),
+    ];
+    args.map(String::from).to_vec()
+}
+
 /// `WORKER_ID t_req t_acq t_rel_start` lines, checked for form and order.
 fn holds(stdout: &str, id: u64) -> Vec<(u128, u128, u128)> {
     stdout
@@ -83,18 +96,7 @@ fn ready_lines(stderr: &str, id: u64) -> usize {
 fn two_workers_take_turns_on_one_lock() {
     let server = Server::start().expect("redis-server starts");
     let start = epoch_ns() + 1_500_000_000;
-    let args = |id: u64| -> Vec<String> {
-        [
-            "fairlock",
-            "shared-lock",
-            &id.to_string(),
-            "20",
-            "500",
-            &start.to_string(),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+    let args = |id: u64| worker_args("shared-lock", id, 20, 500, start);
     let workers = [1u64, 2].map(|id| (id, spawn_worker(&server, &args(id), &[])));
     let mut all = Vec::new();
     for (id, child) in workers {
@@ -135,20 +137,9 @@ fn two_workers_take_turns_on_one_lock() {
 fn workers_asked_for_stages_say_when_they_heard_of_each_hand_over() {
     let server = Server::start().expect("redis-server starts");
     let start = epoch_ns() + 1_500_000_000;
-    let args = |id: u64| -> Vec<String> {
-        [
-            "fairlock",
-            "staged-lock",
-            &id.to_string(),
-            "20",
-            // Long enough that the releaser is queued again before the other worker's hold
-            // ends, even on a loaded machine: then the next hold is a hand-over by message.
-            "5000",
-            &start.to_string(),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+    // A 5 ms hold: long enough that the releaser is queued again before the other worker's
+    // hold ends, even on a loaded machine; then the next hold is a hand-over by message.
+    let args = |id: u64| worker_args("staged-lock", id, 20, 5_000, start);
     let workers = [1u64, 2].map(|id| {
         let child = spawn_worker(&server, &args(id), &[("FAIRLOCK_BENCH_STAGES", "1")]);
         (id, child)

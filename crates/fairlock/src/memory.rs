@@ -56,24 +56,60 @@ struct Store {
     last_token: u64,
     watchers: HashMap<(LockName, Owner), Vec<WakeSender>>,
     /// Spent attempts (granted a level at some point, or ended): a spent attempt is never
-    /// granted again.
-    spent: HashMap<(LockName, AttemptId), Spent>,
-    /// The same records by expiry, so they are forgotten in order.
-    spent_by_expiry: BTreeSet<(Instant, LockName, AttemptId)>,
-    /// Holds (lock, token) a force release freed, until when they are remembered: that force
-    /// release sent again answers `true` as it did.
-    forced: HashMap<(LockName, u64), Instant>,
-    forced_by_expiry: BTreeSet<(Instant, LockName, u64)>,
+    /// granted again. The value: a release removed its level, so a re-sent release answers
+    /// `Released` even once the hold is gone, as the first did.
+    spent: Remembered<(LockName, AttemptId), bool>,
+    /// Holds (lock, token) a force release freed: that force release sent again answers
+    /// `true` as it did.
+    forced: Remembered<(LockName, u64), ()>,
 }
 
-/// The record of a spent attempt.
-#[derive(Clone, Copy)]
-struct Spent {
-    /// Until when it is remembered.
-    until: Instant,
-    /// A release removed its level: a re-sent release answers `Released` even once the hold
-    /// is gone, as the first did.
-    released: bool,
+/// Records kept for [`RESEND_HORIZON`] from their last write, forgotten in order of expiry.
+struct Remembered<K, V> {
+    records: HashMap<K, (Instant, V)>,
+    by_expiry: BTreeSet<(Instant, K)>,
+}
+
+impl<K, V> Default for Remembered<K, V> {
+    fn default() -> Self {
+        Remembered {
+            records: HashMap::new(),
+            by_expiry: BTreeSet::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Ord + std::hash::Hash, V> Remembered<K, V> {
+    fn get(&self, key: &K) -> Option<&V> {
+        self.records.get(key).map(|(_, value)| value)
+    }
+
+    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.records.get_mut(key).map(|(_, value)| value)
+    }
+
+    /// Records `value` for `key` until a horizon from `now`; returns the record it replaces.
+    fn insert(&mut self, key: K, value: V, now: Instant) -> Option<V> {
+        let until = now + RESEND_HORIZON;
+        self.by_expiry.insert((until, key.clone()));
+        let (before_until, before) = self.records.insert(key.clone(), (until, value))?;
+        if before_until != until {
+            self.by_expiry.remove(&(before_until, key));
+        }
+        Some(before)
+    }
+
+    /// Forgets the records whose horizon has passed.
+    fn forget(&mut self, now: Instant) {
+        while let Some((until, _)) = self.by_expiry.first() {
+            if *until > now {
+                break;
+            }
+            if let Some((_, key)) = self.by_expiry.pop_first() {
+                self.records.remove(&key);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -231,45 +267,20 @@ impl Store {
 
     /// Forgets spent attempts and force-released tokens whose horizon has passed.
     fn forget_spent(&mut self, now: Instant) {
-        while let Some((until, _, _)) = self.forced_by_expiry.first() {
-            if *until > now {
-                break;
-            }
-            if let Some((_, name, token)) = self.forced_by_expiry.pop_first() {
-                self.forced.remove(&(name, token));
-            }
-        }
-        while let Some((until, _, _)) = self.spent_by_expiry.first() {
-            if *until > now {
-                break;
-            }
-            if let Some((until, name, attempt)) = self.spent_by_expiry.pop_first() {
-                let key = (name, attempt);
-                if self.spent.get(&key).is_some_and(|s| s.until == until) {
-                    self.spent.remove(&key);
-                }
-            }
-        }
+        self.forced.forget(now);
+        self.spent.forget(now);
     }
 
     fn is_spent(&self, name: &LockName, attempt: AttemptId) -> bool {
-        self.spent.contains_key(&(name.clone(), attempt))
+        self.spent.get(&(name.clone(), attempt)).is_some()
     }
 
-    /// Records that `attempt` is spent (keeping whether it was released); returns its record
-    /// as it was.
-    fn spend(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> Option<Spent> {
-        let until = now + RESEND_HORIZON;
+    /// Records that `attempt` is spent (keeping whether it was released); returns whether
+    /// it was released, if it was spent before.
+    fn spend(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> Option<bool> {
         let key = (name.clone(), attempt);
-        let before = self.spent.get(&key).copied();
-        let released = before.is_some_and(|s| s.released);
-        self.spent.insert(key, Spent { until, released });
-        if let Some(before) = before {
-            self.spent_by_expiry
-                .remove(&(before.until, name.clone(), attempt));
-        }
-        self.spent_by_expiry.insert((until, name.clone(), attempt));
-        before
+        let released = self.spent.get(&key).copied().unwrap_or(false);
+        self.spent.insert(key, released, now)
     }
 
     /// The lock has just become free: hand it to the head waiter as a pending grant.
@@ -385,7 +396,7 @@ impl Store {
         self.forget_spent(now);
         // A release of it removed its level before: this is that release again, and answers
         // as it did (the levels left, 0 once the hold is gone), not as a lost lease.
-        let released = self.spend(name, attempt, now).is_some_and(|s| s.released);
+        let released = self.spend(name, attempt, now) == Some(true);
         let entry = self.entry(name, now);
         let Some(holder) = entry
             .holder
@@ -412,8 +423,8 @@ impl Store {
         if remaining == 0 {
             entry.holder = None;
         }
-        if let Some(record) = self.spent.get_mut(&(name.clone(), attempt)) {
-            record.released = true;
+        if let Some(released) = self.spent.get_mut(&(name.clone(), attempt)) {
+            *released = true;
         }
         if remaining == 0 {
             self.hand_over(name, now);
@@ -474,17 +485,12 @@ impl Store {
         let held = entry.holder.as_ref().is_some_and(|h| h.token == token);
         if held {
             entry.holder = None;
-            let until = now + RESEND_HORIZON;
-            let key = (name.clone(), token);
-            if let Some(before) = self.forced.insert(key, until) {
-                self.forced_by_expiry.remove(&(before, name.clone(), token));
-            }
-            self.forced_by_expiry.insert((until, name.clone(), token));
+            self.forced.insert((name.clone(), token), (), now);
             self.hand_over(name, now);
         }
         self.tidy(name);
         // Freed before, by this request's first copy: answered as it was.
-        held || self.forced.contains_key(&(name.clone(), token))
+        held || self.forced.get(&(name.clone(), token)).is_some()
     }
 
     fn inspect(&mut self, name: &LockName, now: Instant) -> LockState {
