@@ -64,6 +64,9 @@ enum Kind {
     ForgetsForceReleases,
     /// A force release sent again after it found nothing answers `true`.
     InventsForceReleases,
+    /// An acquire sent again after it was granted answers `Busy` (as for a spent attempt),
+    /// not with the grant it holds.
+    ForgetsGrants,
 }
 
 /// The checks written for each clause: at least one of them must fail.
@@ -95,6 +98,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::InstanceLocalWakeups => &["shared_owner_hears_grants_in_every_instance"],
         Kind::ForgetsReleases | Kind::HidesLostReleases => &["release_by_non_owner"],
         Kind::ForgetsForceReleases | Kind::InventsForceReleases => &["force_release"],
+        Kind::ForgetsGrants => &["resends_are_harmless", "lost_grant_reply_leaves_no_level"],
     }
 }
 
@@ -121,6 +125,7 @@ struct Mutant {
 
 #[derive(Debug, Default)]
 struct Sent {
+    granted: Mutex<std::collections::HashSet<AttemptId>>,
     released: Mutex<std::collections::HashSet<AttemptId>>,
     forced: Mutex<std::collections::HashSet<u64>>,
 }
@@ -198,6 +203,11 @@ impl LockBackend for Mutant {
         if self.kind == Kind::InstanceLocalWakeups {
             self.local.lock().unwrap().insert(request.attempt);
         }
+        if self.kind == Kind::ForgetsGrants
+            && self.sent.granted.lock().unwrap().contains(&request.attempt)
+        {
+            return Ok(AcquireOutcome::Busy);
+        }
         let mut inner = request.clone();
         inner.attempt = self.inner_attempt(&request.owner, request.attempt);
         match self.kind {
@@ -241,6 +251,9 @@ impl LockBackend for Mutant {
                 }
             }
             _ => {}
+        }
+        if let (Kind::ForgetsGrants, AcquireOutcome::Granted(_)) = (self.kind, &outcome) {
+            self.sent.granted.lock().unwrap().insert(request.attempt);
         }
         Ok(match outcome {
             AcquireOutcome::Granted(grant) => AcquireOutcome::Granted(Grant {
@@ -441,6 +454,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::HidesLostReleases,
         Kind::ForgetsForceReleases,
         Kind::InventsForceReleases,
+        Kind::ForgetsGrants,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
     // has to fail the check written for its clause.

@@ -158,9 +158,18 @@ pub async fn list_ignores_dead_waiters(backend: Arc<dyn LockBackend>) {
 
 /// A wrapper that delivers state-changing requests again, later: each `acquire`, `release`,
 /// `extend`, `abandon` and `force_release` is, with probability `chance`, sent a second time
-/// after a random delay below `max_delay` (its reply dropped), as a client does after a
-/// reconnect or as a paused server runs a request late. A backend that keeps the contract is
-/// unaffected; run any check or workload through it.
+/// after a random delay below `max_delay`, as a client does after a reconnect or as a paused
+/// server runs a request late. A backend that keeps the contract is unaffected; run any check
+/// or workload through it.
+///
+/// Two ways a caller sees such a request:
+/// - [`Resend::new`]: the caller gets the first copy's reply at once, and the second copy
+///   lands later, its reply dropped (a request that sat in a paused server, or a client that
+///   sent it twice);
+/// - [`Resend::answering_late`]: the first copy is applied but its reply is lost, and the
+///   caller waits for the second copy and gets *its* reply, as from a client that re-sends
+///   after a reconnect (fred does, up to `max_command_attempts`). So the backend's answer to a
+///   request it has already applied reaches the core.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -177,18 +186,41 @@ pub struct Resend {
     inner: Arc<dyn LockBackend>,
     chance: f64,
     max_delay: Duration,
+    answer_late: bool,
     resent: Arc<AtomicUsize>,
 }
 
 impl Resend {
     /// Wraps `inner`, re-sending each state-changing request with probability `chance`
-    /// (clamped to 0..=1) after up to `max_delay`.
+    /// (clamped to 0..=1) after up to `max_delay`; the caller gets the first copy's reply.
     pub fn new(inner: Arc<dyn LockBackend>, chance: f64, max_delay: Duration) -> Self {
         Resend {
             inner,
             chance: chance.clamp(0.0, 1.0),
             max_delay,
+            answer_late: false,
             resent: Arc::default(),
+        }
+    }
+
+    /// Wraps `inner` like [`Resend::new`], but a request that is re-sent answers with the
+    /// second copy's reply: the caller waits for it, and the first copy's reply is lost. If
+    /// the caller stops waiting, the second copy is delivered all the same, as a client's
+    /// re-send is.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use fairlock::conformance::Resend;
+    /// use fairlock::MemoryBackend;
+    ///
+    /// let late = Resend::answering_late(Arc::new(MemoryBackend::new()), 0.5, Duration::from_millis(20));
+    /// # drop(late);
+    /// ```
+    pub fn answering_late(inner: Arc<dyn LockBackend>, chance: f64, max_delay: Duration) -> Self {
+        Resend {
+            answer_late: true,
+            ..Resend::new(inner, chance, max_delay)
         }
     }
 
@@ -197,34 +229,58 @@ impl Resend {
         self.resent.load(Ordering::Relaxed)
     }
 
-    /// Maybe sends `call` again later, in the background.
-    fn later<F, Fut>(&self, call: F)
+    /// Delivers `call` once, and with probability `chance` once more after a random delay:
+    /// in the background ([`Resend::new`]), or awaited for its reply
+    /// ([`Resend::answering_late`]).
+    async fn deliver<T, F, Fut>(&self, call: F) -> Result<T>
     where
-        F: FnOnce(Arc<dyn LockBackend>) -> Fut + Send + 'static,
-        Fut: std::future::Future + Send + 'static,
+        T: Send + 'static,
+        F: Fn(Arc<dyn LockBackend>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     {
-        let mut rng = rand::thread_rng();
-        if !rng.gen_bool(self.chance) {
-            return;
-        }
-        let delay = self.max_delay.mul_f64(rng.gen::<f64>());
+        let first = call(self.inner.clone()).await;
+        let delay = {
+            let mut rng = rand::thread_rng();
+            if !rng.gen_bool(self.chance) {
+                return first;
+            }
+            self.max_delay.mul_f64(rng.gen::<f64>())
+        };
         let inner = self.inner.clone();
         let resent = self.resent.clone();
-        tokio::spawn(async move {
+        let again = tokio::spawn(async move {
             sleep(delay).await;
             resent.fetch_add(1, Ordering::Relaxed);
-            let _ = call(inner).await;
+            call(inner).await
         });
+        if !self.answer_late || first.is_err() {
+            // A first copy that failed has no reply to lose; the caller sees its error.
+            return first;
+        }
+        match again.await {
+            Ok(reply) => reply,
+            Err(join) => match join.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Only when the runtime shuts down: the reply never came.
+                Err(_cancelled) => Err(Error::Unavailable {
+                    backend: "resend",
+                    endpoint: "the re-sent request".into(),
+                    source: "cancelled before its reply came".into(),
+                }),
+            },
+        }
     }
 }
 
 #[async_trait]
 impl LockBackend for Resend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
-        let outcome = self.inner.acquire(request).await;
-        let again = request.clone();
-        self.later(move |inner| async move { inner.acquire(&again).await });
-        outcome
+        let request = request.clone();
+        self.deliver(move |inner| {
+            let request = request.clone();
+            async move { inner.acquire(&request).await }
+        })
+        .await
     }
 
     async fn release(
@@ -234,10 +290,12 @@ impl LockBackend for Resend {
         token: u64,
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
-        let outcome = self.inner.release(name, owner, token, attempt).await;
         let (name, owner) = (name.clone(), owner.clone());
-        self.later(move |inner| async move { inner.release(&name, &owner, token, attempt).await });
-        outcome
+        self.deliver(move |inner| {
+            let (name, owner) = (name.clone(), owner.clone());
+            async move { inner.release(&name, &owner, token, attempt).await }
+        })
+        .await
     }
 
     async fn extend(
@@ -247,24 +305,30 @@ impl LockBackend for Resend {
         token: u64,
         lease: Duration,
     ) -> Result<bool> {
-        let outcome = self.inner.extend(name, owner, token, lease).await;
         let (name, owner) = (name.clone(), owner.clone());
-        self.later(move |inner| async move { inner.extend(&name, &owner, token, lease).await });
-        outcome
+        self.deliver(move |inner| {
+            let (name, owner) = (name.clone(), owner.clone());
+            async move { inner.extend(&name, &owner, token, lease).await }
+        })
+        .await
     }
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
-        let outcome = self.inner.abandon(name, owner, attempt).await;
         let (name, owner) = (name.clone(), owner.clone());
-        self.later(move |inner| async move { inner.abandon(&name, &owner, attempt).await });
-        outcome
+        self.deliver(move |inner| {
+            let (name, owner) = (name.clone(), owner.clone());
+            async move { inner.abandon(&name, &owner, attempt).await }
+        })
+        .await
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
-        let outcome = self.inner.force_release(name, token).await;
         let name = name.clone();
-        self.later(move |inner| async move { inner.force_release(&name, token).await });
-        outcome
+        self.deliver(move |inner| {
+            let name = name.clone();
+            async move { inner.force_release(&name, token).await }
+        })
+        .await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
@@ -287,21 +351,44 @@ impl LockBackend for Resend {
 /// Through [`Resend`] (half of all requests delivered again up to 30 ms later), contended
 /// locking with nested guards, `try_lock`, timeouts and cancellations keeps mutual exclusion,
 /// nested guards on one hold and increasing tokens, and leaves the lock clean (no level, no
-/// waiter) once the re-sends have landed.
+/// waiter) once the re-sends have landed. Run twice: with the caller getting the first copy's
+/// reply ([`Resend::new`]), and the second copy's ([`Resend::answering_late`]), so that every
+/// answer the backend gives a request it already applied reaches the core.
 pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
-    const CHECK: &str = "resends_are_harmless";
+    let max_delay = Duration::from_millis(30);
+    resend_workload(
+        &backend,
+        Resend::new(backend.clone(), 0.5, max_delay),
+        max_delay,
+        "resends_are_harmless",
+    )
+    .await;
+    resend_workload(
+        &backend,
+        Resend::answering_late(backend.clone(), 0.5, max_delay),
+        max_delay,
+        "resends_are_harmless (answering late)",
+    )
+    .await;
+}
+
+/// The workload of [`resends_are_harmless`] through `resending`, on a lock of its own.
+async fn resend_workload(
+    backend: &Arc<dyn LockBackend>,
+    resending: Resend,
+    max_delay: Duration,
+    check: &'static str,
+) {
     const TASKS: usize = 6;
     const ROUNDS: usize = 12;
-    let max_delay = Duration::from_millis(30);
-    let resending = Resend::new(backend.clone(), 0.5, max_delay);
     let resend_client = support::client(&(Arc::new(resending.clone()) as Arc<dyn LockBackend>));
-    let client = support::client(&backend);
-    let name = support::lock_name(CHECK);
+    let client = support::client(backend);
+    let name = support::lock_name("resends_are_harmless");
     let inside = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for task in 0..TASKS {
-        let lock = resend_client.fair_lock(&name).or_fail(CHECK);
+        let lock = resend_client.fair_lock(&name).or_fail(check);
         let (inside, tokens) = (inside.clone(), tokens.clone());
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
@@ -309,37 +396,37 @@ pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
                     0 => match lock.try_lock_for(Duration::from_millis(20)).await {
                         Ok(guard) => guard,
                         Err(Error::Timeout { .. }) => continue,
-                        Err(err) => panic!("{CHECK}: task {task}: try_lock_for: {err}"),
+                        Err(err) => panic!("{check}: task {task}: try_lock_for: {err}"),
                     },
                     1 => {
                         // A wait cancelled at a random point (or granted before that).
                         let wait = Duration::from_millis(rand::thread_rng().gen_range(0..10));
                         match tokio::time::timeout(wait, lock.lock()).await {
-                            Ok(guard) => guard.or_fail(format!("{CHECK}: task {task}: lock")),
+                            Ok(guard) => guard.or_fail(format!("{check}: task {task}: lock")),
                             Err(_cancelled) => continue,
                         }
                     }
                     _ => lock
                         .lock()
                         .await
-                        .or_fail(format!("{CHECK}: task {task}: lock")),
+                        .or_fail(format!("{check}: task {task}: lock")),
                 };
                 let others = inside.fetch_add(1, Ordering::SeqCst);
                 assert_eq!(
                     others, 0,
-                    "{CHECK}: task {task} entered while {others} others were inside"
+                    "{check}: task {task} entered while {others} others were inside"
                 );
                 tokens.lock().unwrap().push((task, guard.fencing_token()));
                 let nested = lock
                     .lock()
                     .await
-                    .or_fail(format!("{CHECK}: task {task}: nested"));
+                    .or_fail(format!("{check}: task {task}: nested"));
                 // The same hold, one more level. (Not always exactly one more than the outer
                 // guard saw: a level of this owner's cancelled wait may still be there, until
                 // its abandon lands in the background.)
                 assert!(
                     nested.fencing_token() == guard.fencing_token() && nested.hold_count() >= 2,
-                    "{CHECK}: task {task}: a nested guard is another level of the same hold: \
+                    "{check}: task {task}: a nested guard is another level of the same hold: \
                      outer token {} count {}, nested token {} count {}",
                     guard.fencing_token(),
                     guard.hold_count(),
@@ -351,12 +438,12 @@ pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
                 nested
                     .unlock()
                     .await
-                    .or_fail(format!("{CHECK}: task {task}: nested unlock"));
+                    .or_fail(format!("{check}: task {task}: nested unlock"));
                 inside.fetch_sub(1, Ordering::SeqCst);
                 guard
                     .unlock()
                     .await
-                    .or_fail(format!("{CHECK}: task {task}: unlock"));
+                    .or_fail(format!("{check}: task {task}: unlock"));
             }
         }));
     }
@@ -369,7 +456,7 @@ pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
         let ((first_task, first), (second_task, second)) = (pair[0], pair[1]);
         assert!(
             first < second || (first == second && first_task == second_task),
-            "{CHECK}: tokens must increase from holder to holder: {pair:?} (task, token)"
+            "{check}: tokens must increase from holder to holder: {pair:?} (task, token)"
         );
     }
     // The last re-sends land within `max_delay`; after them, nothing may be left.
@@ -377,8 +464,8 @@ pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
     support::wait_clean(
         &client,
         &name,
-        format!("{CHECK}: clean once the re-sends landed"),
+        format!("{check}: clean once the re-sends landed"),
     )
     .await;
-    assert!(resending.resent() > 0, "{CHECK}: nothing was re-sent");
+    assert!(resending.resent() > 0, "{check}: nothing was re-sent");
 }
