@@ -163,8 +163,9 @@ use crate::wake_queue;
 /// **Re-sends.** A client may deliver any state-changing request again, later, after any
 /// other requests by anyone (a network client re-sends after a reconnect; a request can sit
 /// in a paused server). Every operation MUST be harmless when applied again:
-/// - `acquire` by an attempt that already holds a confirmed level returns that grant and
-///   changes nothing; by an attempt that is queued, it refreshes the deadline (a heartbeat);
+/// - `acquire` by an attempt that already holds a confirmed level returns that grant (the
+///   hold's token and its hold count as it is now, which other levels may have changed since)
+///   and changes nothing; by an attempt that is queued, it refreshes the deadline (a heartbeat);
 ///   by an attempt that is spent and holds no level (its hold ended, it was released or
 ///   abandoned), it returns [`AcquireOutcome::Busy`] and changes nothing;
 /// - `release` and `abandon` remove an attempt, which is gone the second time. A `release`

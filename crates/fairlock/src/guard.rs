@@ -508,6 +508,15 @@ impl Release {
                     debug!(remaining, "released");
                     Ok(())
                 }
+                Ok(ReleaseOutcome::NotHeld) if level.is_lost() => {
+                    // This guard's hand-over lapsed: that explains the missing level, and says
+                    // nothing of the hold, which sibling guards may still have (they learn of
+                    // a real loss through their own renewals and deadline).
+                    debug!("release found no level: this guard's hand-over had lapsed before");
+                    Err(Error::LeaseLost {
+                        name: shared.name.to_string(),
+                    })
+                }
                 Ok(ReleaseOutcome::NotHeld) => {
                     debug!("release found the lease already lost");
                     // Sibling guards of the hold learn it too (and it is counted once).

@@ -189,6 +189,58 @@ async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
     taken.unlock().await.unwrap();
 }
 
+/// The same, with the lapsed hand-over guard released first: its release finds no level
+/// (`NotHeld`), which its own lapse explains, so the nested guard, whose level and lease are
+/// fine, must not be told its lease was lost, and keeps working.
+#[tokio::test(start_paused = true)]
+async fn releasing_a_lapsed_hand_over_guard_leaves_its_sibling_held() {
+    let backend = Faulty::default();
+    backend.stall_confirmations.store(true, SeqCst);
+    let client = LockClient::new(backend.clone());
+    let holder = client.fair_lock("x").unwrap();
+    let owner = Arc::new(
+        client
+            .fair_lock("x")
+            .unwrap()
+            .with_lease(Duration::from_secs(30))
+            .unwrap(),
+    );
+    let other = client.fair_lock("x").unwrap();
+
+    let held = holder.lock().await.unwrap();
+    let waiting = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.unlock().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let nested = owner.lock().await.unwrap();
+    assert_eq!(nested.hold_count(), 2);
+
+    // The hand-over's pending level lapses (waiter TTL 5 s), then its guard is released.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(handed.is_lease_lost());
+    assert!(matches!(
+        handed.unlock().await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(
+        !nested.is_lease_lost(),
+        "the nested guard's level and lease are fine, but it was told its lease was lost"
+    );
+    nested
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("the nested guard still holds the lock");
+    assert!(
+        other.try_lock().await.is_err(),
+        "the nested guard's level keeps the lock"
+    );
+    nested.unlock().await.unwrap();
+    other.try_lock().await.unwrap().unlock().await.unwrap();
+}
+
 /// A nested grant whose reply is lost, and whose abandon fails once, is still given back: the
 /// abandon is retried (it is harmless to repeat), so the hold does not keep a level nobody
 /// holds while the outer guard's watchdog renews it.
