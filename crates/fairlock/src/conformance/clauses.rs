@@ -349,8 +349,9 @@ impl LockBackend for Resend {
 }
 
 /// Through [`Resend`] (half of all requests delivered again up to 30 ms later), contended
-/// locking with nested guards, `try_lock`, timeouts and cancellations keeps mutual exclusion,
-/// nested guards on one hold and increasing tokens, and leaves the lock clean (no level, no
+/// locking with nested guards, `try_lock`, timeouts, cancellations and holds long enough for
+/// a watchdog renewal keeps mutual exclusion, nested guards on one hold and increasing
+/// tokens, no held guard is told its lease was lost, and the lock is left clean (no level, no
 /// waiter) once the re-sends have landed. Run twice: with the caller getting the first copy's
 /// reply ([`Resend::new`]), and the second copy's ([`Resend::answering_late`]), so that every
 /// answer the backend gives a request it already applied reaches the core.
@@ -439,6 +440,15 @@ async fn resend_workload(
                     .unlock()
                     .await
                     .or_fail(format!("{check}: task {task}: nested unlock"));
+                if round == 6 {
+                    // Held past a watchdog renewal and (after a hand-over) the confirmation,
+                    // so their requests are re-sent too.
+                    sleep(support::WATCHDOG_LEASE / 3 + Duration::from_millis(20)).await;
+                    assert!(
+                        !guard.is_lease_lost(),
+                        "{check}: task {task}: a held guard was told its lease was lost"
+                    );
+                }
                 inside.fetch_sub(1, Ordering::SeqCst);
                 guard
                     .unlock()
