@@ -309,6 +309,10 @@ impl LockBackend for LostReplies {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
 }
 
 /// A grant whose reply was lost leaves no phantom level: a failed `try_lock()` gives it back,

@@ -192,11 +192,17 @@ pub struct Resend {
 
 impl Resend {
     /// Wraps `inner`, re-sending each state-changing request with probability `chance`
-    /// (clamped to 0..=1) after up to `max_delay`; the caller gets the first copy's reply.
+    /// (clamped to 0..=1; NaN is 0) after up to `max_delay`; the caller gets the first copy's
+    /// reply.
     pub fn new(inner: Arc<dyn LockBackend>, chance: f64, max_delay: Duration) -> Self {
         Resend {
             inner,
-            chance: chance.clamp(0.0, 1.0),
+            // NaN (which `clamp` keeps) counts as never.
+            chance: if chance.is_nan() {
+                0.0
+            } else {
+                chance.clamp(0.0, 1.0)
+            },
             max_delay,
             answer_late: false,
             resent: Arc::default(),
@@ -254,7 +260,9 @@ impl Resend {
             call(inner).await
         });
         if !self.answer_late || first.is_err() {
-            // A first copy that failed has no reply to lose; the caller sees its error.
+            // The caller has its reply (or, when the first copy failed, its error, as a client
+            // sees a failed request whose re-send it does not wait for); the second copy lands
+            // in the background.
             return first;
         }
         match again.await {
@@ -345,6 +353,10 @@ impl LockBackend for Resend {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 }
 
@@ -478,4 +490,67 @@ async fn resend_workload(
     )
     .await;
     assert!(resending.resent() > 0, "{check}: nothing was re-sent");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryBackend;
+
+    fn memory() -> Arc<dyn LockBackend> {
+        Arc::new(MemoryBackend::new())
+    }
+
+    #[tokio::test]
+    async fn a_chance_that_is_not_a_number_never_resends() {
+        let never = Resend::answering_late(memory(), f64::NAN, Duration::from_millis(1));
+        let client = crate::LockClient::new(never.clone());
+        let guard = client.fair_lock("x").unwrap().lock().await.unwrap();
+        guard.unlock().await.unwrap();
+        assert_eq!(never.resent(), 0);
+    }
+
+    /// A re-entry's first copy makes the count 2; the outer level is released before the
+    /// second copy lands, which answers with the hold's count then: 1. The caller gets that
+    /// (through `Resend::new` it would get 2).
+    #[tokio::test(start_paused = true)]
+    async fn answering_late_returns_the_second_copys_reply() {
+        let backend = memory();
+        let late = Resend::answering_late(backend.clone(), 1.0, Duration::from_millis(50));
+        assert_eq!(late.name(), "memory", "metrics name the wrapped backend");
+        let late: Arc<dyn LockBackend> = Arc::new(late);
+        let name = LockName::new("x").unwrap();
+        let owner = Owner::unique();
+        let (outer, inner) = (AttemptId::random(), AttemptId::random());
+        let lease = Duration::from_secs(5);
+        let AcquireOutcome::Granted(grant) =
+            raw_acquire_as(&backend, "x", &owner, outer, lease, lease, false).await
+        else {
+            panic!("a free lock is granted");
+        };
+        let reentry = {
+            let (late, owner) = (late.clone(), owner.clone());
+            tokio::spawn(async move {
+                raw_acquire_as(&late, "x", &owner, inner, lease, lease, false).await
+            })
+        };
+        // The first copy lands at once; the second waits for the (paused) clock.
+        while backend
+            .inspect(&name)
+            .await
+            .unwrap()
+            .holder
+            .is_none_or(|h| h.hold_count < 2)
+        {
+            tokio::task::yield_now().await;
+        }
+        let released = backend.release(&name, &owner, grant.token, outer).await;
+        assert_eq!(released.unwrap(), ReleaseOutcome::Released { remaining: 1 });
+        match reentry.await.unwrap() {
+            AcquireOutcome::Granted(again) => {
+                assert_eq!((again.token, again.hold_count), (grant.token, 1));
+            }
+            other => panic!("the re-entry holds its level: {other:?}"),
+        }
+    }
 }

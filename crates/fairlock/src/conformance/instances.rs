@@ -137,6 +137,10 @@ impl LockBackend for Spread {
     fn capabilities(&self) -> Capabilities {
         self.instances[0].capabilities()
     }
+
+    fn name(&self) -> &'static str {
+        self.instances[0].name()
+    }
 }
 
 /// Two instances opened separately see each other's locks: a hold made through one is seen,

@@ -234,4 +234,8 @@ impl LockBackend for CountCalls {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
 }

@@ -96,6 +96,10 @@ impl LockBackend for LossyWakeups {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
 }
 
 /// With every wake-up lost (through [`LossyWakeups`]), a waiter still gets the lock within
