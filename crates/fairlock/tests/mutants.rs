@@ -67,6 +67,9 @@ enum Kind {
     /// An acquire sent again after it was granted answers `Busy` (as for a spent attempt),
     /// not with the grant it holds.
     ForgetsGrants,
+    /// An acquire sent again after it was granted answers with the hold count of its first
+    /// grant, not the hold's count now.
+    StaleGrantCount,
 }
 
 /// The checks written for each clause: at least one of them must fail.
@@ -99,6 +102,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ForgetsReleases | Kind::HidesLostReleases => &["release_by_non_owner"],
         Kind::ForgetsForceReleases | Kind::InventsForceReleases => &["force_release"],
         Kind::ForgetsGrants => &["resends_are_harmless", "lost_grant_reply_leaves_no_level"],
+        Kind::StaleGrantCount => &["lost_grant_reply_leaves_no_level"],
     }
 }
 
@@ -126,6 +130,8 @@ struct Mutant {
 #[derive(Debug, Default)]
 struct Sent {
     granted: Mutex<std::collections::HashSet<AttemptId>>,
+    /// Each granted attempt's first hold count.
+    counts: Mutex<HashMap<AttemptId, u32>>,
     released: Mutex<std::collections::HashSet<AttemptId>>,
     forced: Mutex<std::collections::HashSet<u64>>,
 }
@@ -254,6 +260,10 @@ impl LockBackend for Mutant {
         }
         if let (Kind::ForgetsGrants, AcquireOutcome::Granted(_)) = (self.kind, &outcome) {
             self.sent.granted.lock().unwrap().insert(request.attempt);
+        }
+        if let (Kind::StaleGrantCount, AcquireOutcome::Granted(grant)) = (self.kind, &mut outcome) {
+            let mut counts = self.sent.counts.lock().unwrap();
+            grant.hold_count = *counts.entry(request.attempt).or_insert(grant.hold_count);
         }
         Ok(match outcome {
             AcquireOutcome::Granted(grant) => AcquireOutcome::Granted(Grant {
@@ -455,6 +465,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::ForgetsForceReleases,
         Kind::InventsForceReleases,
         Kind::ForgetsGrants,
+        Kind::StaleGrantCount,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
     // has to fail the check written for its clause.

@@ -318,7 +318,8 @@ impl LockBackend for LostReplies {
 /// A grant whose reply was lost leaves no phantom level: a failed `try_lock()` gives it back,
 /// the owner's next `lock()` holds once (hold count 1), and after its unlock another owner
 /// gets the lock at once, not after the lease; a `lock()` whose reply is lost asks again and
-/// adopts the grant as one level.
+/// adopts the grant as one level. An attempt that asks again gets its grant with the hold's
+/// count as it is now (the core counts a re-entry again this way).
 pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "lost_grant_reply_leaves_no_level";
     // A long fixed lease: a phantom level would keep the lock for all of it.
@@ -396,5 +397,53 @@ pub async fn lost_grant_reply_leaves_no_level(backend: Arc<dyn LockBackend>) {
         .unlock()
         .await
         .or_fail(format!("{CHECK}: outer unlock"));
+    support::wait_clean(
+        &client,
+        &name,
+        format!("{CHECK}: clean before the re-asked re-entry"),
+    )
+    .await;
+
+    // Asked again, a granted attempt answers with the hold's count now, not as first granted:
+    // a re-entry (count 2) asks again after the outer level was released (count 1).
+    let owner = Owner::unique();
+    let (first, second) = (AttemptId::random(), AttemptId::random());
+    let ttl = support::WAITER_TTL;
+    let AcquireOutcome::Granted(grant) =
+        support::raw_acquire_as(&backend, &name, &owner, first, lease, ttl, false).await
+    else {
+        panic!("{CHECK}: a free lock must be granted");
+    };
+    let reentered =
+        support::raw_acquire_as(&backend, &name, &owner, second, lease, ttl, false).await;
+    assert!(
+        matches!(reentered, AcquireOutcome::Granted(g) if g.token == grant.token && g.hold_count == 2),
+        "{CHECK}: a re-entry is the second level of the hold: {reentered:?}"
+    );
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let released = backend
+        .release(&lock_name, &owner, grant.token, first)
+        .await
+        .or_fail(format!("{CHECK}: release the outer level"));
+    assert_eq!(
+        released,
+        ReleaseOutcome::Released { remaining: 1 },
+        "{CHECK}"
+    );
+    let again = support::raw_acquire_as(&backend, &name, &owner, second, lease, ttl, false).await;
+    assert!(
+        matches!(again, AcquireOutcome::Granted(g) if g.token == grant.token && g.hold_count == 1),
+        "{CHECK}: the re-entry asked again holds its level, and the hold has 1 level now: \
+         {again:?}"
+    );
+    let released = backend
+        .release(&lock_name, &owner, grant.token, second)
+        .await
+        .or_fail(format!("{CHECK}: release the re-entry"));
+    assert_eq!(
+        released,
+        ReleaseOutcome::Released { remaining: 0 },
+        "{CHECK}"
+    );
     support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
 }
