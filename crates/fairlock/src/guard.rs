@@ -641,6 +641,13 @@ async fn confirm_hand_over(
                 level.unconfirmed_until.send_replace(None);
                 return;
             }
+            Ok(Ok(_)) if Instant::now() < deadline => {
+                // The pending level surely lives until `deadline` (the store counts its life
+                // from later), so it did not lapse: the hold itself ended (force released),
+                // and every guard of it learns so now, not at its next renewal or deadline.
+                hold.mark_lost(&shared, LostReason::Revoked);
+                return;
+            }
             Ok(Ok(_)) => {
                 level.mark_lost(
                     &shared,

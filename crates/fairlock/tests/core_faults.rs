@@ -241,6 +241,52 @@ async fn releasing_a_lapsed_hand_over_guard_leaves_its_sibling_held() {
     other.try_lock().await.unwrap().unlock().await.unwrap();
 }
 
+/// A hand-over's confirmation answered `Busy` while the pending level surely still lives
+/// (before its deadline) proves the hold itself ended (an operator freed it): every guard of
+/// the hold learns its lease was lost then, not only the hand-over guard. A nested guard with
+/// a fixed lease and no renewals would otherwise go on believing it holds for its whole
+/// lease while another owner holds the lock.
+#[tokio::test(start_paused = true)]
+async fn a_confirmation_that_finds_the_hold_gone_tells_every_guard() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let holder = client.fair_lock("x").unwrap();
+    let owner = Arc::new(
+        client
+            .fair_lock("x")
+            .unwrap()
+            .with_lease(Duration::from_secs(30))
+            .unwrap(),
+    );
+    let other = client.fair_lock("x").unwrap();
+
+    let held = holder.lock().await.unwrap();
+    let waiting = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.unlock().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let nested = owner.lock().await.unwrap();
+    assert_eq!(nested.hold_count(), 2);
+
+    // Freed by an operator before the confirmation (after a tenth of the 5 s waiter TTL,
+    // at most 100 ms) goes out; another owner takes the lock.
+    assert!(client.force_unlock("x").await.unwrap());
+    let taken = other.try_lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        handed.is_lease_lost(),
+        "the confirmation found the hand-over gone"
+    );
+    assert!(
+        nested.is_lease_lost(),
+        "the hold is gone (another owner holds the lock), but the nested guard was not told"
+    );
+    taken.unlock().await.unwrap();
+}
+
 /// A nested grant whose reply is lost, and whose abandon fails once, is still given back: the
 /// abandon is retried (it is harmless to repeat), so the hold does not keep a level nobody
 /// holds while the outer guard's watchdog renews it.
