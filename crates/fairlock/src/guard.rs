@@ -498,8 +498,16 @@ impl Release {
                         .into(),
                     })
                 }
-                Ok(ReleaseOutcome::Released { .. }) if level.is_lost() => {
-                    debug!("released, but this guard's hand-over had lapsed before");
+                // This guard's hand-over lapsed: its lease is lost whatever the store answers.
+                // A `NotHeld` is that lapse (the level is gone) and says nothing of the hold,
+                // which sibling guards may still have.
+                Ok(ReleaseOutcome::Released { .. } | ReleaseOutcome::NotHeld)
+                    if level.is_lost() =>
+                {
+                    debug!(
+                        ?outcome,
+                        "this guard's hand-over had lapsed before its release"
+                    );
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
@@ -507,15 +515,6 @@ impl Release {
                 Ok(ReleaseOutcome::Released { remaining }) => {
                     debug!(remaining, "released");
                     Ok(())
-                }
-                Ok(ReleaseOutcome::NotHeld) if level.is_lost() => {
-                    // This guard's hand-over lapsed: that explains the missing level, and says
-                    // nothing of the hold, which sibling guards may still have (they learn of
-                    // a real loss through their own renewals and deadline).
-                    debug!("release found no level: this guard's hand-over had lapsed before");
-                    Err(Error::LeaseLost {
-                        name: shared.name.to_string(),
-                    })
                 }
                 Ok(ReleaseOutcome::NotHeld) => {
                     debug!("release found the lease already lost");

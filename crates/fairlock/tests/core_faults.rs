@@ -12,7 +12,9 @@ use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
     Watch,
 };
-use fairlock::{Error, FairLock, LockClient, LockName, LockOptions, MemoryBackend, Owner, Result};
+use fairlock::{
+    Error, FairLock, LockClient, LockGuard, LockName, LockOptions, MemoryBackend, Owner, Result,
+};
 
 /// `MemoryBackend` with two faults, each switched on by a flag: the confirmation of a
 /// hand-over (an `acquire` that does not queue, by an attempt that queued) stalls 10 s; and a
@@ -142,14 +144,12 @@ impl LockBackend for Faulty {
     }
 }
 
-/// A guard made from a hand-over's wake-up holds its level only once confirmed. If the
-/// confirmation stalls past the hand-over's life while a nested guard of the same owner keeps
-/// the hold (and pushes its lease out), the hand-over guard must report its lease lost, not
-/// go on without a level while another owner takes the lock.
-#[tokio::test(start_paused = true)]
-async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
-    let backend = Faulty::default();
-    backend.stall_confirmations.store(true, SeqCst);
+/// An owner (fixed 30 s lease) is handed lock "x" by another owner's release, then nests a
+/// second guard on that hold: the hand-over guard, still unconfirmed, and the nested one. Also
+/// returns the client, the owner's handle and a third owner's handle.
+async fn handed_and_nested(
+    backend: &Faulty,
+) -> (LockClient, Arc<FairLock>, FairLock, LockGuard, LockGuard) {
     let client = LockClient::new(backend.clone());
     let holder = client.fair_lock("x").unwrap();
     let owner = Arc::new(
@@ -171,6 +171,18 @@ async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
     let handed = waiting.await.unwrap().unwrap();
     let nested = owner.lock().await.unwrap();
     assert_eq!(nested.hold_count(), 2);
+    (client, owner, other, handed, nested)
+}
+
+/// A guard made from a hand-over's wake-up holds its level only once confirmed. If the
+/// confirmation stalls past the hand-over's life while a nested guard of the same owner keeps
+/// the hold (and pushes its lease out), the hand-over guard must report its lease lost, not
+/// go on without a level while another owner takes the lock.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
+    let backend = Faulty::default();
+    backend.stall_confirmations.store(true, SeqCst);
+    let (_client, _owner, other, handed, nested) = handed_and_nested(&backend).await;
 
     // The hand-over's pending level lapses (waiter TTL 5 s): its guard has no level now.
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -196,27 +208,7 @@ async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
 async fn releasing_a_lapsed_hand_over_guard_leaves_its_sibling_held() {
     let backend = Faulty::default();
     backend.stall_confirmations.store(true, SeqCst);
-    let client = LockClient::new(backend.clone());
-    let holder = client.fair_lock("x").unwrap();
-    let owner = Arc::new(
-        client
-            .fair_lock("x")
-            .unwrap()
-            .with_lease(Duration::from_secs(30))
-            .unwrap(),
-    );
-    let other = client.fair_lock("x").unwrap();
-
-    let held = holder.lock().await.unwrap();
-    let waiting = {
-        let owner = owner.clone();
-        tokio::spawn(async move { owner.lock().await })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    held.unlock().await.unwrap();
-    let handed = waiting.await.unwrap().unwrap();
-    let nested = owner.lock().await.unwrap();
-    assert_eq!(nested.hold_count(), 2);
+    let (_client, _owner, other, handed, nested) = handed_and_nested(&backend).await;
 
     // The hand-over's pending level lapses (waiter TTL 5 s), then its guard is released.
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -249,27 +241,7 @@ async fn releasing_a_lapsed_hand_over_guard_leaves_its_sibling_held() {
 #[tokio::test(start_paused = true)]
 async fn a_confirmation_that_finds_the_hold_gone_tells_every_guard() {
     let backend = Faulty::default();
-    let client = LockClient::new(backend.clone());
-    let holder = client.fair_lock("x").unwrap();
-    let owner = Arc::new(
-        client
-            .fair_lock("x")
-            .unwrap()
-            .with_lease(Duration::from_secs(30))
-            .unwrap(),
-    );
-    let other = client.fair_lock("x").unwrap();
-
-    let held = holder.lock().await.unwrap();
-    let waiting = {
-        let owner = owner.clone();
-        tokio::spawn(async move { owner.lock().await })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    held.unlock().await.unwrap();
-    let handed = waiting.await.unwrap().unwrap();
-    let nested = owner.lock().await.unwrap();
-    assert_eq!(nested.hold_count(), 2);
+    let (client, _owner, other, handed, nested) = handed_and_nested(&backend).await;
 
     // Freed by an operator before the confirmation (after a tenth of the 5 s waiter TTL,
     // at most 100 ms) goes out; another owner takes the lock.

@@ -369,20 +369,18 @@ impl LockBackend for Resend {
 /// answer the backend gives a request it already applied reaches the core.
 pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
     let max_delay = Duration::from_millis(30);
-    resend_workload(
-        &backend,
-        Resend::new(backend.clone(), 0.5, max_delay),
-        max_delay,
-        "resends_are_harmless",
-    )
-    .await;
-    resend_workload(
-        &backend,
-        Resend::answering_late(backend.clone(), 0.5, max_delay),
-        max_delay,
-        "resends_are_harmless (answering late)",
-    )
-    .await;
+    for (resending, check) in [
+        (
+            Resend::new(backend.clone(), 0.5, max_delay),
+            "resends_are_harmless",
+        ),
+        (
+            Resend::answering_late(backend.clone(), 0.5, max_delay),
+            "resends_are_harmless (answering late)",
+        ),
+    ] {
+        resend_workload(&backend, resending, max_delay, check).await;
+    }
 }
 
 /// The workload of [`resends_are_harmless`] through `resending`, on a lock of its own.
