@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use fairlock::{BoxError, LockClient};
+use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId, ReleaseOutcome};
+use fairlock::{BoxError, LockClient, LockName, LockOptions, Owner};
 
 use super::support::ratio;
 use crate::bench::Bench;
@@ -10,7 +11,8 @@ use crate::report::{Figure, Section};
 use crate::stats::Samples;
 
 pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
-    let client = LockClient::from_arc(bench.backend().await?);
+    let backend = bench.backend().await?;
+    let client = LockClient::from_arc(backend.clone());
     let lock = client.fair_lock(&bench.lock_name("uncontended"))?;
     let rounds = bench.scale(4_000, 400);
     for _ in 0..100 {
@@ -39,6 +41,51 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         guard.unlock().await?;
     }
 
+    // The store calls alone, as the core makes them for an uncontended `lock()` and
+    // `unlock()`: what `lock()` costs above this is the core's own part.
+    let name = LockName::new(bench.lock_name("uncontended-raw"))?;
+    let owner = Owner::unique();
+    let options = LockOptions::default();
+    let mut raw_acquire = Samples::with_capacity(rounds);
+    let mut raw_release = Samples::with_capacity(rounds);
+    let mut stats_before = (0, 0);
+    for round in 0..rounds + 100 {
+        if round == 100 {
+            stats_before = bench.script_stats().await?;
+        }
+        let request = AcquireRequest {
+            name: name.clone(),
+            owner: owner.clone(),
+            attempt: AttemptId::random(),
+            lease: options.watchdog_lease,
+            waiter_ttl: options.waiter_ttl,
+            // As the core's first ask.
+            queue: false,
+        };
+        let asked = Instant::now();
+        let AcquireOutcome::Granted(grant) = backend.acquire(&request).await? else {
+            return Err("an uncontended acquire was not granted".into());
+        };
+        let acquired = Instant::now();
+        let outcome = backend
+            .release(&name, &owner, grant.token, request.attempt)
+            .await?;
+        if outcome != (ReleaseOutcome::Released { remaining: 0 }) {
+            return Err(format!("an uncontended release answered {outcome:?}").into());
+        }
+        if round >= 100 {
+            raw_acquire.push(acquired - asked);
+            raw_release.push(acquired.elapsed());
+        }
+    }
+
+    let stats_after = bench.script_stats().await?;
+    let server_per_call = std::time::Duration::from_secs_f64(
+        (stats_after.1 - stats_before.1) as f64
+            / 1e6
+            / (stats_after.0 - stats_before.0).max(1) as f64,
+    );
+
     let evalsha = bench.limit.evalsha;
     let acquire_ratio = ratio(acquire.median(), evalsha);
     let mut section = Section::new("uncontended", "One task, one lock");
@@ -55,7 +102,23 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         "`try_lock()` acquire p50",
         try_acquire.median(),
     ));
+    section.push(Figure::micros(
+        "store call alone: acquire p50",
+        raw_acquire.median(),
+    ));
+    section.push(Figure::micros(
+        "store calls alone: server time per call (acquire and release, mean)",
+        server_per_call,
+    ));
+    section.push(Figure::micros(
+        "`lock()` above its store call, p50 difference",
+        acquire.median().saturating_sub(raw_acquire.median()),
+    ));
     section.push(Figure::micros("`unlock()` p50", release.median()));
+    section.push(Figure::micros(
+        "store call alone: release p50",
+        raw_release.median(),
+    ));
     section.push(Figure::new(
         "acquire+release pairs per second",
         pairs_per_s,
