@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::{sleep, timeout_at, Instant};
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, Grant, ReleaseOutcome, RESEND_HORIZON,
 };
+use crate::deferred::DeferredTask;
 use crate::error::{Error, Result};
 use crate::lease::Hold;
 use crate::levels::{Finishing, LevelTicket};
@@ -47,7 +47,7 @@ pub struct LockGuard {
     /// What is known of this guard's own level beyond the hold's lease.
     level: Arc<Level>,
     /// Confirms a hand-over this guard was made from (see [`confirm_hand_over`]), until done.
-    confirming: Option<AbortHandle>,
+    confirming: Option<DeferredTask>,
     runtime: Handle,
     released: bool,
     /// Counts this level among the handle's until its release is done (see `levels.rs`).
@@ -79,19 +79,23 @@ impl LockGuard {
                 token = grant.token,
                 %attempt
             );
-            runtime
-                .spawn(
-                    confirm_hand_over(
-                        shared.clone(),
-                        hold.clone(),
-                        level.clone(),
-                        grant.token,
-                        attempt,
-                        deadline,
-                    )
-                    .instrument(span),
+            // Never more than a quarter of what is left of the pending level's trusted life:
+            // a wake-up that came late leaves the confirmation (and its retries) less time.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let delay = confirm_delay(shared.options.waiter_ttl).min(left / 4);
+            shared.holds.deferred.spawn_at(
+                &runtime,
+                Instant::now() + delay,
+                confirm_hand_over(
+                    shared.clone(),
+                    hold.clone(),
+                    level.clone(),
+                    grant.token,
+                    attempt,
+                    deadline,
                 )
-                .abort_handle()
+                .instrument(span),
+            )
         });
         shared.meter.guards(1.0);
         LockGuard {
@@ -605,9 +609,10 @@ impl Level {
 /// its sibling guards of the same hold have. Transient errors are retried until `deadline`,
 /// when the pending level may lapse and the guard is flagged lost the same way.
 ///
-/// It starts after [`confirm_delay`]: a guard released before then needs no confirmation (the
-/// release removes the pending level as it would a confirmed one, and this task is aborted),
-/// so a short critical section after a hand-over costs no extra call to the store.
+/// It starts after [`confirm_delay`] (a deferred task: see [`crate::deferred`]): a guard
+/// released before then needs no confirmation (the release removes the pending level as it
+/// would a confirmed one, and this task never starts), so a short critical section after a
+/// hand-over costs no extra call to the store, and no task.
 async fn confirm_hand_over(
     shared: Arc<LockShared>,
     hold: Arc<Hold>,
@@ -625,10 +630,6 @@ async fn confirm_hand_over(
         waiter_ttl: shared.options.waiter_ttl,
         queue: false,
     };
-    // Never more than a quarter of what is left of the pending level's trusted life: a
-    // wake-up that came late leaves the confirmation (and its retries) less time.
-    let left = deadline.saturating_duration_since(Instant::now());
-    sleep(confirm_delay(shared.options.waiter_ttl).min(left / 4)).await;
     // A confirmation that is retried may have been applied by the first try (which is not
     // applied again): the lease it set counts from that first try.
     let first_sent = Instant::now();

@@ -4,6 +4,10 @@
 //! The store keeps one lease per hold (all levels share it, and it only ever gets longer), so
 //! the core keeps one [`Hold`] per hold too: guards of the same lock, owner and token (nested
 //! locking, tasks sharing a handle) join it, and one keeper task serves them all.
+//!
+//! The keeper is not spawned with the hold but when it first has something to do: the first
+//! renewal (a third of the watchdog lease after the grant) or, with a fixed lease, the
+//! deadline (see [`crate::deferred`]). Most holds end before either and never spawn it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -11,10 +15,10 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::{debug, warn, Instrument};
 
+use crate::deferred::{Deferred, DeferredTask};
 use crate::lock::LockShared;
 use crate::name::{LockName, Owner};
 use crate::telemetry::{LostReason, Meter};
@@ -23,6 +27,8 @@ use crate::telemetry::{LostReason, Meter};
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
     map: Mutex<HashMap<(LockName, Owner, u64), Weak<Hold>>>,
+    /// Starts keepers (and hand-over confirmations) when they are due.
+    pub(crate) deferred: Arc<Deferred>,
 }
 
 /// One hold as this process sees it.
@@ -39,7 +45,7 @@ pub(crate) struct Hold {
     deadline: watch::Sender<Instant>,
     /// How many live guards of this hold want the watchdog.
     watchdogs: watch::Sender<usize>,
-    keeper: Mutex<Option<AbortHandle>>,
+    keeper: Mutex<Option<DeferredTask>>,
     /// When this process first held it, for `fairlock_hold_seconds`.
     since: Instant,
     meter: Meter,
@@ -74,7 +80,20 @@ impl Holds {
             } else {
                 hold.deadline.send_modify(|d| *d = (*d).max(until));
                 if watchdog {
-                    hold.watchdogs.send_modify(|n| *n += 1);
+                    let mut first = false;
+                    hold.watchdogs.send_modify(|n| {
+                        first = *n == 0;
+                        *n += 1;
+                    });
+                    if first {
+                        // Renewals start now: a keeper not started yet must be by the first.
+                        let renewal = Instant::now() + shared.options.watchdog_lease / 3;
+                        if let Some(keeper) =
+                            &*hold.keeper.lock().unwrap_or_else(|p| p.into_inner())
+                        {
+                            keeper.start_by(renewal);
+                        }
+                    }
                 }
                 return hold;
             }
@@ -95,9 +114,17 @@ impl Holds {
             owner = %shared.owner,
             token
         );
-        let keeper = runtime
-            .spawn(keep(shared.clone(), token, Arc::downgrade(&hold)).instrument(span))
-            .abort_handle();
+        // The keeper's first work: the first renewal, or the deadline with a fixed lease.
+        let start = if watchdog {
+            until.min(Instant::now() + shared.options.watchdog_lease / 3)
+        } else {
+            until
+        };
+        let keeper = self.deferred.spawn_at(
+            runtime,
+            start,
+            keep(shared.clone(), token, Arc::downgrade(&hold)).instrument(span),
+        );
         *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
         map.insert(key, Arc::downgrade(&hold));
         drop(map);
@@ -172,6 +199,9 @@ impl Drop for Hold {
 /// The keeper task of one hold. While any guard wants the watchdog it renews every third of
 /// the watchdog lease, and it flags the lease lost when the deadline passes unrenewed or the
 /// store says the hold is gone. Aborted with the hold.
+///
+/// It starts when its first renewal is due (or, with no guard wanting the watchdog, at the
+/// deadline), so if the watchdog is wanted it renews at once.
 async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
     let Some(strong) = hold.upgrade() else { return };
     let mut deadline_rx = strong.deadline.subscribe();
@@ -180,16 +210,24 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
     let watchdog_lease = shared.options.watchdog_lease;
     let mut next_renewal: Option<Instant> = None;
     let mut renewing = false;
+    let mut first_pass = true;
     loop {
         let deadline = *deadline_rx.borrow_and_update();
         let wanted = *watchdogs_rx.borrow_and_update() > 0;
         if wanted && !renewing {
-            let at = Instant::now() + watchdog_lease / 3;
+            // Started when the first renewal was due; later, a guard wanting the watchdog
+            // joined a hold without one.
+            let at = if first_pass {
+                Instant::now()
+            } else {
+                Instant::now() + watchdog_lease / 3
+            };
             next_renewal = Some(next_renewal.map_or(at, |n| n.min(at)));
         } else if !wanted && renewing {
             next_renewal = None;
         }
         renewing = wanted;
+        first_pass = false;
         tokio::select! {
             biased;
             _ = sleep_until(deadline) => {

@@ -44,6 +44,7 @@
 pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod deferred;
 mod error;
 mod guard;
 mod lease;

@@ -1,9 +1,10 @@
 //! Section 2, uncontended: one task acquiring and releasing a lock nobody else wants.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId, ReleaseOutcome};
-use fairlock::{BoxError, LockClient, LockName, LockOptions, Owner};
+use fairlock::{BoxError, LockBackend, LockClient, LockName, LockOptions, Owner};
 
 use super::support::ratio;
 use crate::bench::Bench;
@@ -18,18 +19,49 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     for _ in 0..100 {
         lock.lock().await?.unlock().await?;
     }
+    // The store calls alone, as the core makes them for an uncontended `lock()` and
+    // `unlock()`: what `lock()` costs above them is the core's own part. The two run in
+    // alternating blocks, so that both see the same machine (its speed drifts within a run).
+    let raw = RawCalls {
+        backend,
+        name: LockName::new(bench.lock_name("uncontended-raw"))?,
+        owner: Owner::unique(),
+        options: LockOptions::default(),
+    };
+    for _ in 0..100 {
+        raw.pair().await?;
+    }
     let mut acquire = Samples::with_capacity(rounds);
     let mut release = Samples::with_capacity(rounds);
-    let started = Instant::now();
-    for _ in 0..rounds {
-        let asked = Instant::now();
-        let guard = lock.lock().await?;
-        let acquired = Instant::now();
-        guard.unlock().await?;
-        acquire.push(acquired - asked);
-        release.push(acquired.elapsed());
+    let mut raw_acquire = Samples::with_capacity(rounds);
+    let mut raw_release = Samples::with_capacity(rounds);
+    let mut locking = Duration::ZERO;
+    let (mut server_calls, mut server_usec) = (0, 0);
+    let block = 200;
+    for _ in 0..rounds.div_ceil(block) {
+        let started = Instant::now();
+        for _ in 0..block {
+            let asked = Instant::now();
+            let guard = lock.lock().await?;
+            let acquired = Instant::now();
+            guard.unlock().await?;
+            acquire.push(acquired - asked);
+            release.push(acquired.elapsed());
+        }
+        locking += started.elapsed();
+        let before = bench.script_stats().await?;
+        for _ in 0..block {
+            let (acquired, released) = raw.pair().await?;
+            raw_acquire.push(acquired);
+            raw_release.push(released);
+        }
+        let after = bench.script_stats().await?;
+        server_calls += after.0 - before.0;
+        server_usec += after.1 - before.1;
     }
-    let pairs_per_s = rounds as f64 / started.elapsed().as_secs_f64();
+    let pairs_per_s = acquire.len() as f64 / locking.as_secs_f64();
+    let server_per_call =
+        Duration::from_secs_f64(server_usec as f64 / 1e6 / server_calls.max(1) as f64);
 
     // `try_lock` never waits, so it needs no wake-up registration: the difference to `lock`
     // is what registering costs.
@@ -40,51 +72,6 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         try_acquire.push(asked.elapsed());
         guard.unlock().await?;
     }
-
-    // The store calls alone, as the core makes them for an uncontended `lock()` and
-    // `unlock()`: what `lock()` costs above this is the core's own part.
-    let name = LockName::new(bench.lock_name("uncontended-raw"))?;
-    let owner = Owner::unique();
-    let options = LockOptions::default();
-    let mut raw_acquire = Samples::with_capacity(rounds);
-    let mut raw_release = Samples::with_capacity(rounds);
-    let mut stats_before = (0, 0);
-    for round in 0..rounds + 100 {
-        if round == 100 {
-            stats_before = bench.script_stats().await?;
-        }
-        let request = AcquireRequest {
-            name: name.clone(),
-            owner: owner.clone(),
-            attempt: AttemptId::random(),
-            lease: options.watchdog_lease,
-            waiter_ttl: options.waiter_ttl,
-            // As the core's first ask.
-            queue: false,
-        };
-        let asked = Instant::now();
-        let AcquireOutcome::Granted(grant) = backend.acquire(&request).await? else {
-            return Err("an uncontended acquire was not granted".into());
-        };
-        let acquired = Instant::now();
-        let outcome = backend
-            .release(&name, &owner, grant.token, request.attempt)
-            .await?;
-        if outcome != (ReleaseOutcome::Released { remaining: 0 }) {
-            return Err(format!("an uncontended release answered {outcome:?}").into());
-        }
-        if round >= 100 {
-            raw_acquire.push(acquired - asked);
-            raw_release.push(acquired.elapsed());
-        }
-    }
-
-    let stats_after = bench.script_stats().await?;
-    let server_per_call = std::time::Duration::from_secs_f64(
-        (stats_after.1 - stats_before.1) as f64
-            / 1e6
-            / (stats_after.0 - stats_before.0).max(1) as f64,
-    );
 
     let evalsha = bench.limit.evalsha;
     let acquire_ratio = ratio(acquire.median(), evalsha);
@@ -111,7 +98,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         server_per_call,
     ));
     section.push(Figure::micros(
-        "`lock()` above its store call, p50 difference",
+        "`lock()` p50 - store call alone p50: the core's part",
         acquire.median().saturating_sub(raw_acquire.median()),
     ));
     section.push(Figure::micros("`unlock()` p50", release.median()));
@@ -131,7 +118,46 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     ));
     section.note(format!(
         "{rounds} sequential `lock()`+`unlock()` pairs on one lock from one task; default \
-         options (watchdog lease). A pair needs at least 2 round trips (acquire, release)"
+         options (watchdog lease). A pair needs at least 2 round trips (acquire, release). \
+         In blocks of {block}, alternating with as many acquire+release pairs made straight \
+         on the backend (the store calls alone, on another lock); the server time per call \
+         is the mean over those (`INFO commandstats`)"
     ));
     Ok(section)
+}
+
+/// Acquire and release straight on the backend, as the core asks for an uncontended hold.
+struct RawCalls {
+    backend: Arc<dyn LockBackend>,
+    name: LockName,
+    owner: Owner,
+    options: LockOptions,
+}
+
+impl RawCalls {
+    /// One acquire and its release: how long each took.
+    async fn pair(&self) -> Result<(Duration, Duration), BoxError> {
+        let request = AcquireRequest {
+            name: self.name.clone(),
+            owner: self.owner.clone(),
+            attempt: AttemptId::random(),
+            lease: self.options.watchdog_lease,
+            waiter_ttl: self.options.waiter_ttl,
+            // As the core's first ask.
+            queue: false,
+        };
+        let asked = Instant::now();
+        let AcquireOutcome::Granted(grant) = self.backend.acquire(&request).await? else {
+            return Err("an uncontended acquire was not granted".into());
+        };
+        let acquired = Instant::now();
+        let outcome = self
+            .backend
+            .release(&self.name, &self.owner, grant.token, request.attempt)
+            .await?;
+        if outcome != (ReleaseOutcome::Released { remaining: 0 }) {
+            return Err(format!("an uncontended release answered {outcome:?}").into());
+        }
+        Ok((acquired - asked, acquired.elapsed()))
+    }
 }
