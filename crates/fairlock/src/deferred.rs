@@ -10,7 +10,8 @@
 //!
 //! The timer task only has to wake when a task is due earlier than it already planned to
 //! look, which a new hold of the usual lease never is: in steady state, acquiring and
-//! releasing wakes nothing. It exits once its queue is empty, so an idle client keeps no task.
+//! releasing wakes nothing. It looks at least once a second, and exits when it finds its
+//! queue empty, so an idle client keeps no task.
 //!
 //! Bounds: the queue holds one entry per task not yet started (per live hold, and per guard
 //! of an unconfirmed hand-over); an aborted task leaves it at once.
@@ -20,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::runtime::{self, Handle};
 use tokio::sync::Notify;
@@ -134,9 +136,13 @@ impl Deferred {
         };
         drop(queues);
         if start_timer {
-            // On a runtime that has shut down the timer is dropped at once, and its exit
-            // guard removes the queue again: nothing in it could have run there anyway.
-            drop(slot.runtime.spawn(run_timer(self.clone(), id)));
+            // On a runtime that has shut down the timer is dropped at once, unpolled, and
+            // its exit guard removes the queue again: nothing in it could run there anyway.
+            drop(slot.runtime.spawn(run_timer(ExitGuard {
+                deferred: self.clone(),
+                id,
+                armed: true,
+            })));
         }
         key
     }
@@ -207,29 +213,34 @@ impl DeferredTask {
     }
 }
 
-/// The timer task of one runtime's queue: spawns each task when it is due, and exits when
-/// the queue is empty.
-async fn run_timer(deferred: Arc<Deferred>, id: runtime::Id) {
-    /// Removes the queue if the timer is dropped without exiting on its own (its runtime
-    /// shut down): a later `spawn_at` then starts a new timer instead of trusting this one.
-    struct ExitGuard {
-        deferred: Arc<Deferred>,
-        id: runtime::Id,
-        armed: bool,
-    }
-    impl Drop for ExitGuard {
-        fn drop(&mut self) {
-            if self.armed {
-                let removed = self.deferred.queues().remove(&self.id);
-                drop(removed);
-            }
+/// The longest the timer sleeps: an idle timer (its queue emptied by aborts) exits within
+/// this, and a busy one wakes at most this often for nothing.
+const TIMER_CHECK: Duration = Duration::from_secs(1);
+
+/// Removes its runtime's queue unless disarmed: a timer dropped without exiting on its own
+/// (its runtime shut down, even before it ever ran) leaves nothing behind, and a later
+/// `spawn_at` starts a new timer instead of trusting this one.
+struct ExitGuard {
+    deferred: Arc<Deferred>,
+    id: runtime::Id,
+    armed: bool,
+}
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            // Dropped outside the lock: the tasks in it may own what aborts other tasks.
+            let removed = self.deferred.queues().remove(&self.id);
+            drop(removed);
         }
     }
-    let mut guard = ExitGuard {
-        deferred: deferred.clone(),
-        id,
-        armed: true,
-    };
+}
+
+/// The timer task of one runtime's queue: spawns each task when it is due, and exits when
+/// it finds the queue empty.
+async fn run_timer(mut guard: ExitGuard) {
+    let deferred = guard.deferred.clone();
+    let id = guard.id;
     loop {
         let mut due = Vec::new();
         let next = {
@@ -247,6 +258,7 @@ async fn run_timer(deferred: Arc<Deferred>, id: runtime::Id) {
             }
             match queue.tasks.first_key_value() {
                 Some((&(at, _), _)) => {
+                    let at = at.min(now + TIMER_CHECK);
                     queue.wakes_at = at;
                     Some((at, queue.wake.clone()))
                 }
@@ -328,6 +340,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_timer_whose_queue_was_emptied_by_aborts_exits_soon() {
+        let deferred = Arc::new(Deferred::default());
+        let (_, make) = counter();
+        let before = Handle::current().metrics().num_alive_tasks();
+        let task = deferred.spawn_at(
+            &Handle::current(),
+            Instant::now() + Duration::from_secs(3_600),
+            make(),
+        );
+        tokio::task::yield_now().await; // the timer runs and sleeps
+        assert_eq!(Handle::current().metrics().num_alive_tasks(), before + 1);
+        task.abort();
+        tokio::time::sleep(TIMER_CHECK).await;
+        tokio::task::yield_now().await;
+        assert!(deferred.queues().is_empty());
+        assert_eq!(Handle::current().metrics().num_alive_tasks(), before);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_task_due_earlier_than_the_timer_planned_wakes_it() {
         let deferred = Arc::new(Deferred::default());
         let (count, make) = counter();
@@ -388,5 +419,26 @@ mod tests {
             assert!(task.is_started());
         });
         assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_timer_dropped_before_it_ran_leaves_no_queue() {
+        let deferred = Arc::new(Deferred::default());
+        let (count, make) = counter();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let handle = runtime.handle().clone();
+        let in_time = Instant::now() + Duration::from_secs(60);
+        // Queued, and the runtime gone before its timer task was ever polled.
+        let first = runtime.block_on(async { deferred.spawn_at(&handle, in_time, make()) });
+        drop(runtime);
+        assert!(deferred.queues().is_empty());
+        // Queued on a runtime that had already shut down.
+        let second = deferred.spawn_at(&handle, in_time, make());
+        assert!(deferred.queues().is_empty());
+        assert!(!first.is_started() && !second.is_started());
+        assert_eq!(count.load(Ordering::SeqCst), 0);
     }
 }

@@ -114,16 +114,21 @@ impl Holds {
             owner = %shared.owner,
             token
         );
-        // The keeper's first work: the first renewal, or the deadline with a fixed lease.
+        // The keeper's first work: the first renewal, or watching the deadline. It starts a
+        // little before the deadline, so that its own timer flags a lapse on time and not a
+        // scheduling step late.
+        let now = Instant::now();
+        let first_renewal = now + shared.options.watchdog_lease / 3;
+        let head_start = (until.saturating_duration_since(now) / 10).min(KEEPER_HEAD_START);
         let start = if watchdog {
-            until.min(Instant::now() + shared.options.watchdog_lease / 3)
+            first_renewal.min(until - head_start)
         } else {
-            until
+            until - head_start
         };
         let keeper = self.deferred.spawn_at(
             runtime,
             start,
-            keep(shared.clone(), token, Arc::downgrade(&hold)).instrument(span),
+            keep(shared.clone(), token, Arc::downgrade(&hold), first_renewal).instrument(span),
         );
         *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
         map.insert(key, Arc::downgrade(&hold));
@@ -196,13 +201,17 @@ impl Drop for Hold {
     }
 }
 
+/// How long before a hold's deadline its keeper starts at the latest (if the hold got no
+/// renewal or earlier start by then).
+const KEEPER_HEAD_START: Duration = Duration::from_millis(100);
+
 /// The keeper task of one hold. While any guard wants the watchdog it renews every third of
 /// the watchdog lease, and it flags the lease lost when the deadline passes unrenewed or the
 /// store says the hold is gone. Aborted with the hold.
 ///
-/// It starts when its first renewal is due (or, with no guard wanting the watchdog, at the
-/// deadline), so if the watchdog is wanted it renews at once.
-async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
+/// It starts when it first has work (see [`Holds::join`]): if a guard wants the watchdog by
+/// then, it renews at `first_renewal`, at once if that has passed.
+async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renewal: Instant) {
     let Some(strong) = hold.upgrade() else { return };
     let mut deadline_rx = strong.deadline.subscribe();
     let mut watchdogs_rx = strong.watchdogs.subscribe();
@@ -215,10 +224,9 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>) {
         let deadline = *deadline_rx.borrow_and_update();
         let wanted = *watchdogs_rx.borrow_and_update() > 0;
         if wanted && !renewing {
-            // Started when the first renewal was due; later, a guard wanting the watchdog
-            // joined a hold without one.
+            // Later, a guard wanting the watchdog joined a hold whose guards had none.
             let at = if first_pass {
-                Instant::now()
+                first_renewal
             } else {
                 Instant::now() + watchdog_lease / 3
             };
