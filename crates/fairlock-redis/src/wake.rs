@@ -14,7 +14,7 @@
 //! gets the message, and the core tells its attempts apart. Both channels of a lock are
 //! subscribed while it has at least one local watch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -52,6 +52,8 @@ pub(crate) struct Dispatcher {
     pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
     linger: Duration,
+    /// Channels without a watch, waiting out the linger. Locked after `channels`.
+    lingering: Mutex<Lingering>,
     /// Whether a hand-over message is delivered as a grant; if not, as a cue to look.
     trust_grants: bool,
     /// One resubscription after a slot move at a time.
@@ -88,6 +90,25 @@ struct Channel {
     /// unsubscribing them, so a late unsubscribe never undoes a newer subscribe.
     subscribed: Arc<tokio::sync::Mutex<bool>>,
     senders: HashMap<String, Vec<WakeSender>>,
+    /// Since when it has had no watch (when `watches` is 0).
+    idle_since: Option<tokio::time::Instant>,
+    /// Whether [`Lingering::records`] holds a record of it.
+    queued: bool,
+}
+
+/// The channels waiting out their linger, and whether a reaper task looks after them.
+///
+/// A watch dropped used to spawn a task that slept for the linger, so a hand-over paid for a
+/// spawn (and usually a wake-up of another worker thread) as its grantee's `lock()` ended.
+/// Now the drop only records the channel, at most once per channel, and one reaper task per
+/// dispatcher, alive while any channel lingers, unsubscribes those still idle when due.
+#[derive(Debug, Default)]
+struct Lingering {
+    /// `(due, channel)`, mostly in order of `due`: a record found out of date (the channel
+    /// had watches again since) goes back to the end, so a channel is unsubscribed at most
+    /// twice the linger after its last watch.
+    records: VecDeque<(tokio::time::Instant, String)>,
+    reaper: bool,
 }
 
 /// Keeps a watch registered; dropping it unregisters.
@@ -114,6 +135,7 @@ impl Dispatcher {
             pubsub,
             channels: Mutex::new(HashMap::new()),
             linger,
+            lingering: Mutex::new(Lingering::default()),
             trust_grants,
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
@@ -424,6 +446,7 @@ impl Dispatcher {
             let mut channels = self.channels();
             let entry = channels.entry(channel.to_owned()).or_default();
             entry.watches += 1;
+            entry.idle_since = None;
             entry
                 .senders
                 .entry(owner.to_owned())
@@ -540,9 +563,19 @@ impl Dispatcher {
         }
     }
 
+    fn lingering(&self) -> MutexGuard<'_, Lingering> {
+        self.lingering
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// A watch on `channel` was dropped.
     fn unregister(self: Arc<Self>, channel: String) {
-        let subscribed = {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime left to talk to the server: the subscription ends with the connection.
+            return;
+        };
+        let start_reaper = {
             let mut channels = self.channels();
             let Some(entry) = channels.get_mut(&channel) else {
                 return;
@@ -555,30 +588,89 @@ impl Dispatcher {
             if entry.watches > 0 {
                 return;
             }
-            entry.subscribed.clone()
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime left to talk to the server: the subscription ends with the connection.
-            return;
-        };
-        runtime.spawn(async move {
             // Linger: a new watch meanwhile finds the channel subscribed and keeps it.
-            tokio::time::sleep(self.linger).await;
-            let mut guard = subscribed.lock().await;
-            if !self.is_idle(&channel, &subscribed) {
-                return;
+            let now = tokio::time::Instant::now();
+            entry.idle_since = Some(now);
+            if std::mem::replace(&mut entry.queued, true) {
+                return; // its record is queued; the reaper will see the later idle time
             }
-            // Even when the flag says unsubscribed: a watch cancelled during its subscribe may
-            // have subscribed without recording it, and unsubscribing is harmless anyway.
-            if let Err(error) = self.unsubscribe(&channel).await {
-                tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
+            let mut lingering = self.lingering();
+            lingering.records.push_back((now + self.linger, channel));
+            !std::mem::replace(&mut lingering.reaper, true)
+        };
+        if start_reaper {
+            runtime.spawn(self.reap());
+        }
+    }
+
+    /// The reaper: waits for each lingering channel's due time, and unsubscribes it if it is
+    /// still idle by then. Exits when no channel lingers.
+    async fn reap(self: Arc<Self>) {
+        loop {
+            let mut due_now = None;
+            let sleep_until = {
+                let mut channels = self.channels();
+                let mut lingering = self.lingering();
+                let now = tokio::time::Instant::now();
+                loop {
+                    let Some((due, channel)) = lingering.records.pop_front() else {
+                        lingering.reaper = false;
+                        return;
+                    };
+                    let Some(entry) = channels.get_mut(&channel) else {
+                        continue;
+                    };
+                    let idle_due = match entry.idle_since {
+                        Some(since) if entry.watches == 0 => since + self.linger,
+                        _ => {
+                            entry.queued = false; // watched again: its next drop queues it
+                            continue;
+                        }
+                    };
+                    if idle_due <= now {
+                        entry.queued = false;
+                        due_now = Some((channel, entry.subscribed.clone()));
+                        break None;
+                    }
+                    if idle_due == due {
+                        lingering.records.push_front((due, channel));
+                        break Some(due);
+                    }
+                    // Watched and dropped again since it was queued: its turn moves back.
+                    lingering.records.push_back((idle_due, channel));
+                }
+            };
+            if let Some((channel, subscribed)) = due_now {
+                // In a task of its own: the subscription lock may wait for a subscribe in
+                // flight, and the other channels need not.
+                tokio::spawn(self.clone().unsubscribe_idle(channel, subscribed));
             }
-            *guard = false;
-            let mut channels = self.channels();
-            if self.is_idle_in(&channels, &channel, &subscribed) {
-                channels.remove(&channel);
+            if let Some(at) = sleep_until {
+                tokio::time::sleep_until(at).await;
             }
-        });
+        }
+    }
+
+    /// Unsubscribes `channel` if it still has no watch (and the same subscription state).
+    async fn unsubscribe_idle(
+        self: Arc<Self>,
+        channel: String,
+        subscribed: Arc<tokio::sync::Mutex<bool>>,
+    ) {
+        let mut guard = subscribed.lock().await;
+        if !self.is_idle(&channel, &subscribed) {
+            return;
+        }
+        // Even when the flag says unsubscribed: a watch cancelled during its subscribe may
+        // have subscribed without recording it, and unsubscribing is harmless anyway.
+        if let Err(error) = self.unsubscribe(&channel).await {
+            tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
+        }
+        *guard = false;
+        let mut channels = self.channels();
+        if self.is_idle_in(&channels, &channel, &subscribed) {
+            channels.remove(&channel);
+        }
     }
 
     fn is_idle(&self, channel: &str, subscribed: &Arc<tokio::sync::Mutex<bool>>) -> bool {

@@ -1273,6 +1273,53 @@ async fn watches_share_one_subscription_per_lock_and_drop_it() {
     }
 }
 
+/// A dropped watch spawns no task of its own: the linger is kept by one reaper task per
+/// backend, which exits once nothing lingers (a hand-over's grantee drops its watch as its
+/// `lock()` ends, so a spawn there delayed every hand-over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_watches_linger_without_a_task_each() {
+    let server = Server::start();
+    let backend = RedisBackend::builder(server.url())
+        .subscription_linger(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let locks: Vec<LockName> = (0..3).map(|_| name()).collect();
+    // Subscribed once, so the loop below only registers and drops.
+    drop(backend.watch(&locks[0], &owner("a")).await.unwrap());
+    let before = alive();
+    for round in 0..60 {
+        let watch = backend.watch(&locks[round % 3], &owner("a")).await.unwrap();
+        drop(watch);
+    }
+    let during = alive();
+    assert!(
+        during <= before + 3,
+        "60 dropped watches left {} more tasks",
+        during.saturating_sub(before)
+    );
+    // Every channel still goes, within twice the linger of its last watch, and the reaper
+    // with them.
+    let started = std::time::Instant::now();
+    while locks
+        .iter()
+        .any(|lock| !subscribed_channels(&server, lock).is_empty())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never unsubscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(alive() <= before, "{} tasks left", alive() - before);
+}
+
 /// The shard channels of `lock` this server has subscribers for, sorted.
 fn subscribed_channels(server: &Server, lock: &LockName) -> Vec<String> {
     let pattern = format!("{}*", key(lock, "c"));

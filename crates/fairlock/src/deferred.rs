@@ -3,15 +3,15 @@
 //! A hold's lease keeper first acts a third of the watchdog lease after the grant (its first
 //! renewal), and a hand-over's confirmation a tenth of the waiter TTL after it. Most holds
 //! are over before either, yet spawning those tasks at the grant cost every `lock()` a task
-//! and, on a multi-thread runtime, usually a wake-up of another worker thread: about 15-35 µs
+//! and, on a multi-thread runtime, usually a wake-up of another worker thread: about 20-35 µs
 //! of a 170 µs uncontended `lock()` on a 2-vCPU machine (`docs/performance.md`). Here they
 //! are queued instead, and one timer task per client and runtime spawns each when it is due;
 //! one released before then never runs.
 //!
 //! The timer task only has to wake when a task is due earlier than it already planned to
 //! look, which a new hold of the usual lease never is: in steady state, acquiring and
-//! releasing wakes nothing. It looks at least once a second, and exits when it finds its
-//! queue empty, so an idle client keeps no task.
+//! releasing wakes nothing but the timer's own look, at least once a second. It exits when it
+//! finds its queue empty, so an idle client keeps no task.
 //!
 //! Bounds: the queue holds one entry per task not yet started (per live hold, and per guard
 //! of an unconfirmed hand-over); an aborted task leaves it at once.
