@@ -54,6 +54,9 @@ pub(crate) struct Dispatcher {
     linger: Duration,
     /// Channels without a watch, waiting out the linger. Locked after `channels`.
     lingering: Mutex<Lingering>,
+    /// The runtime the dispatcher was started on, where its reaper runs (a watch may be
+    /// dropped on another runtime, or outside any).
+    runtime: tokio::runtime::Handle,
     /// Whether a hand-over message is delivered as a grant; if not, as a cue to look.
     trust_grants: bool,
     /// One resubscription after a slot move at a time.
@@ -108,6 +111,7 @@ struct Lingering {
     /// had watches again since) goes back to the end, so a channel is unsubscribed at most
     /// twice the linger after its last watch.
     records: VecDeque<(tokio::time::Instant, String)>,
+    /// Whether a reaper task runs (or has been spawned).
     reaper: bool,
 }
 
@@ -136,6 +140,7 @@ impl Dispatcher {
             channels: Mutex::new(HashMap::new()),
             linger,
             lingering: Mutex::new(Lingering::default()),
+            runtime: tokio::runtime::Handle::current(),
             trust_grants,
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
@@ -571,10 +576,6 @@ impl Dispatcher {
 
     /// A watch on `channel` was dropped.
     fn unregister(self: Arc<Self>, channel: String) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime left to talk to the server: the subscription ends with the connection.
-            return;
-        };
         let start_reaper = {
             let mut channels = self.channels();
             let Some(entry) = channels.get_mut(&channel) else {
@@ -591,63 +592,24 @@ impl Dispatcher {
             // Linger: a new watch meanwhile finds the channel subscribed and keeps it.
             let now = tokio::time::Instant::now();
             entry.idle_since = Some(now);
-            if std::mem::replace(&mut entry.queued, true) {
-                return; // its record is queued; the reaper will see the later idle time
-            }
+            let Some(due) = now.checked_add(self.linger) else {
+                return; // a linger too long to count: never unsubscribed
+            };
             let mut lingering = self.lingering();
-            lingering.records.push_back((now + self.linger, channel));
+            // Once per channel: a queued record finds the later idle time when it is due.
+            if !std::mem::replace(&mut entry.queued, true) {
+                lingering.records.push_back((due, channel));
+            }
             !std::mem::replace(&mut lingering.reaper, true)
         };
         if start_reaper {
-            runtime.spawn(self.reap());
-        }
-    }
-
-    /// The reaper: waits for each lingering channel's due time, and unsubscribes it if it is
-    /// still idle by then. Exits when no channel lingers.
-    async fn reap(self: Arc<Self>) {
-        loop {
-            let mut due_now = None;
-            let sleep_until = {
-                let mut channels = self.channels();
-                let mut lingering = self.lingering();
-                let now = tokio::time::Instant::now();
-                loop {
-                    let Some((due, channel)) = lingering.records.pop_front() else {
-                        lingering.reaper = false;
-                        return;
-                    };
-                    let Some(entry) = channels.get_mut(&channel) else {
-                        continue;
-                    };
-                    let idle_due = match entry.idle_since {
-                        Some(since) if entry.watches == 0 => since + self.linger,
-                        _ => {
-                            entry.queued = false; // watched again: its next drop queues it
-                            continue;
-                        }
-                    };
-                    if idle_due <= now {
-                        entry.queued = false;
-                        due_now = Some((channel, entry.subscribed.clone()));
-                        break None;
-                    }
-                    if idle_due == due {
-                        lingering.records.push_front((due, channel));
-                        break Some(due);
-                    }
-                    // Watched and dropped again since it was queued: its turn moves back.
-                    lingering.records.push_back((idle_due, channel));
-                }
+            let guard = ReaperGuard {
+                dispatcher: self.clone(),
+                armed: true,
             };
-            if let Some((channel, subscribed)) = due_now {
-                // In a task of its own: the subscription lock may wait for a subscribe in
-                // flight, and the other channels need not.
-                tokio::spawn(self.clone().unsubscribe_idle(channel, subscribed));
-            }
-            if let Some(at) = sleep_until {
-                tokio::time::sleep_until(at).await;
-            }
+            // On a runtime that has shut down the reaper is dropped at once, unpolled, and
+            // its guard lets the next drop start another.
+            drop(self.runtime.spawn(reap(guard)));
         }
     }
 
@@ -686,6 +648,72 @@ impl Dispatcher {
         channels
             .get(channel)
             .is_some_and(|entry| entry.watches == 0 && Arc::ptr_eq(&entry.subscribed, subscribed))
+    }
+}
+
+/// Clears [`Lingering::reaper`] if the reaper ends without clearing it itself (dropped with
+/// its runtime, even before it ran), so that a later drop starts another.
+struct ReaperGuard {
+    dispatcher: Arc<Dispatcher>,
+    armed: bool,
+}
+
+impl Drop for ReaperGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.dispatcher.lingering().reaper = false;
+        }
+    }
+}
+
+/// The reaper: waits for each lingering channel's due time, and unsubscribes it if it is
+/// still idle by then. Exits when no channel lingers.
+async fn reap(mut guard: ReaperGuard) {
+    let dispatcher = guard.dispatcher.clone();
+    loop {
+        let mut due_now = None;
+        let sleep_until = {
+            let mut channels = dispatcher.channels();
+            let mut lingering = dispatcher.lingering();
+            let now = tokio::time::Instant::now();
+            loop {
+                let Some((due, channel)) = lingering.records.pop_front() else {
+                    lingering.reaper = false;
+                    guard.armed = false;
+                    return;
+                };
+                let Some(entry) = channels.get_mut(&channel) else {
+                    continue;
+                };
+                let idle_due = match entry.idle_since {
+                    Some(since) if entry.watches == 0 => since.checked_add(dispatcher.linger),
+                    _ => None,
+                };
+                let Some(idle_due) = idle_due else {
+                    entry.queued = false; // watched again: its next drop queues it
+                    continue;
+                };
+                if idle_due <= now {
+                    entry.queued = false;
+                    due_now = Some((channel, entry.subscribed.clone()));
+                    break None;
+                }
+                if idle_due == due {
+                    lingering.records.push_front((due, channel));
+                    break Some(due);
+                }
+                // Watched and dropped again since it was queued: its turn moves back.
+                lingering.records.push_back((idle_due, channel));
+            }
+        };
+        if let Some((channel, subscribed)) = due_now {
+            // In a task of its own: the subscription lock may wait for a subscribe in
+            // flight, and the other channels need not.
+            tokio::spawn(dispatcher.clone().unsubscribe_idle(channel, subscribed));
+        }
+        if let Some(at) = sleep_until {
+            tokio::time::sleep_until(at).await;
+        }
     }
 }
 

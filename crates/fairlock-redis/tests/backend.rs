@@ -1320,6 +1320,30 @@ async fn dropped_watches_linger_without_a_task_each() {
     assert!(alive() <= before, "{} tasks left", alive() - before);
 }
 
+/// A watch dropped on a thread with no runtime (a `lock()` future dropped there) still ends
+/// its subscription after the linger: the dispatcher's reaper runs on its own runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_dropped_outside_a_runtime_still_unsubscribes() {
+    let server = Server::start();
+    let backend = RedisBackend::builder(server.url())
+        .subscription_linger(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let lock = name();
+    let watch = backend.watch(&lock, &owner("a")).await.unwrap();
+    assert!(!subscribed_channels(&server, &lock).is_empty());
+    std::thread::spawn(move || drop(watch)).join().unwrap();
+    let started = std::time::Instant::now();
+    while !subscribed_channels(&server, &lock).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never unsubscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The shard channels of `lock` this server has subscribers for, sorted.
 fn subscribed_channels(server: &Server, lock: &LockName) -> Vec<String> {
     let pattern = format!("{}*", key(lock, "c"));
