@@ -607,7 +607,9 @@ impl Level {
 /// the pending level lapsed first (the wake-up or this call came too late), the store answers
 /// that the attempt is spent, and this guard's lease is flagged lost: it has no level, whatever
 /// its sibling guards of the same hold have. Transient errors are retried until `deadline`,
-/// when the pending level may lapse and the guard is flagged lost the same way.
+/// when the pending level may lapse and the guard is flagged lost the same way. A grant of
+/// another hold (a store that forgot the hand-over, with the lock free) flags the hold lost
+/// and gives the new hold back at once.
 ///
 /// It starts after [`confirm_delay`] (a deferred task: see [`crate::deferred`]): a guard
 /// released before then needs no confirmation (the release removes the pending level as it
@@ -641,6 +643,20 @@ async fn confirm_hand_over(
                 level.unconfirmed_until.send_replace(None);
                 return;
             }
+            Ok(Ok(AcquireOutcome::Granted(stray))) => {
+                // A grant of a new hold: the store had forgotten the hand-over (a failover
+                // that lost the last writes) and the lock was free. The hand-over's hold is
+                // gone, and nobody holds the new one: it is given back now, not left to
+                // block the lock for its whole lease. In a task of its own, so that releasing
+                // this guard (which aborts this one) does not stop it.
+                hold.mark_lost(&shared, LostReason::Revoked);
+                drop(tokio::spawn(give_back(
+                    shared.clone(),
+                    stray.token,
+                    attempt,
+                )));
+                return;
+            }
             Ok(Ok(_)) if Instant::now() < deadline => {
                 // The pending level surely lives until `deadline` (the store counts its life
                 // from later), so it did not lapse: the hold itself ended (force released),
@@ -668,6 +684,25 @@ async fn confirm_hand_over(
                 );
                 return;
             }
+        }
+    }
+}
+
+/// Releases the level `attempt` was granted in the hold of `token`, which no guard holds,
+/// riding out an outage as a guard's release does.
+async fn give_back(shared: Arc<LockShared>, token: u64, attempt: AttemptId) {
+    let released = retry_within(shared.options.outage_budget, || {
+        shared
+            .backend
+            .release(&shared.name, &shared.owner, token, attempt)
+    })
+    .await;
+    match released {
+        Ok(outcome) => {
+            debug!(lock = %shared.name, owner = %shared.owner, token, ?outcome, "gave back a hold granted to a confirmation")
+        }
+        Err(err) => {
+            warn!(lock = %shared.name, owner = %shared.owner, token, error = %err, "fairlock could not give back a hold granted to a confirmation; it ends with its lease")
         }
     }
 }

@@ -2,7 +2,7 @@
 //! stalls while a sibling guard of the same owner holds, and a nested grant whose reply and
 //! clean-up are both lost. Found by review; each test failed on the code before its fix.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,6 +46,23 @@ struct Faulty {
     resend_next_force_release: Arc<AtomicBool>,
     /// How many force releases reached the store.
     force_releases: Arc<AtomicUsize>,
+    /// The store forgets the next hand-over by the time it is confirmed (a failover that
+    /// lost the last writes): the lock is free and the attempt unknown, so the confirmation
+    /// is granted a new hold. Played by freeing the hold and renaming the attempt.
+    forget_next_hand_over: Arc<AtomicBool>,
+    renamed: Arc<Mutex<HashMap<AttemptId, AttemptId>>>,
+}
+
+impl Faulty {
+    /// The attempt as the inner store knows it.
+    fn stored(&self, attempt: AttemptId) -> AttemptId {
+        *self
+            .renamed
+            .lock()
+            .unwrap()
+            .get(&attempt)
+            .unwrap_or(&attempt)
+    }
 }
 
 fn down() -> Error {
@@ -59,14 +76,26 @@ fn down() -> Error {
 #[async_trait]
 impl LockBackend for Faulty {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        let confirming = !request.queue && self.queued.lock().unwrap().contains(&request.attempt);
         if request.queue {
             self.queued.lock().unwrap().insert(request.attempt);
-        } else if self.stall_confirmations.load(SeqCst)
-            && self.queued.lock().unwrap().contains(&request.attempt)
-        {
+        } else if confirming && self.stall_confirmations.load(SeqCst) {
             tokio::time::sleep(Duration::from_secs(10)).await;
         }
-        let outcome = self.inner.acquire(request).await?;
+        if confirming && self.forget_next_hand_over.swap(false, SeqCst) {
+            if let Some(holder) = self.inner.inspect(&request.name).await?.holder {
+                self.inner
+                    .force_release(&request.name, holder.token)
+                    .await?;
+            }
+            self.renamed
+                .lock()
+                .unwrap()
+                .insert(request.attempt, AttemptId::random());
+        }
+        let mut request = request.clone();
+        request.attempt = self.stored(request.attempt);
+        let outcome = self.inner.acquire(&request).await?;
         if self.lose_next_reply.swap(false, SeqCst) {
             return Err(down());
         }
@@ -91,6 +120,7 @@ impl LockBackend for Faulty {
         if self.lose_next_release.swap(false, SeqCst) {
             return Ok(ReleaseOutcome::Released { remaining: 0 });
         }
+        let attempt = self.stored(attempt);
         let outcome = self.inner.release(name, owner, token, attempt).await?;
         if self.resend_next_release.swap(false, SeqCst) {
             return self.inner.release(name, owner, token, attempt).await;
@@ -117,7 +147,7 @@ impl LockBackend for Faulty {
         if self.fail_next_abandon.swap(false, SeqCst) {
             return Err(down());
         }
-        self.inner.abandon(name, owner, attempt).await
+        self.inner.abandon(name, owner, self.stored(attempt)).await
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
@@ -257,6 +287,38 @@ async fn a_confirmation_that_finds_the_hold_gone_tells_every_guard() {
         "the hold is gone (another owner holds the lock), but the nested guard was not told"
     );
     taken.unlock().await.unwrap();
+}
+
+/// A confirmation that the store answers with a grant of a new hold (it had forgotten the
+/// hand-over, and the lock was free) leaves that hold to nobody: it is given back at once, not
+/// left to block the lock for its whole lease.
+#[tokio::test(start_paused = true)]
+async fn a_confirmation_granted_a_new_hold_gives_it_back() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let holder = client.fair_lock("x").unwrap();
+    let owner = Arc::new(client.fair_lock("x").unwrap());
+    let other = client.fair_lock("x").unwrap();
+    let held = holder.lock().await.unwrap();
+    let waiting = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend.forget_next_hand_over.store(true, SeqCst);
+    held.unlock().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let token = handed.fencing_token();
+
+    // Past the confirmation (a tenth of the 5 s waiter TTL, at most 100 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(handed.is_lease_lost(), "its hold is gone from the store");
+    let taken = other.try_lock().await.unwrap_or_else(|err| {
+        panic!("the new hold the confirmation was granted was left in place: {err}")
+    });
+    assert!(taken.fencing_token() > token);
+    taken.unlock().await.unwrap();
+    drop(handed);
 }
 
 /// A nested grant whose reply is lost, and whose abandon fails once, is still given back: the
