@@ -1233,11 +1233,7 @@ fn ssubscribe_calls(server: &Server) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_share_one_subscription_per_lock_and_drop_it() {
     let server = Server::start();
-    let backend = RedisBackend::builder(server.url())
-        .subscription_linger(Duration::from_millis(300))
-        .connect()
-        .await
-        .unwrap();
+    let backend = lingering_backend(&server, Duration::from_millis(300)).await;
     let lock = name();
     let channel = key(&lock, "c");
     let subscribers = || server.cli(&["PUBSUB", "SHARDNUMSUB", &channel]);
@@ -1263,14 +1259,7 @@ async fn watches_share_one_subscription_per_lock_and_drop_it() {
         "c still watches"
     );
     drop(third);
-    let started = std::time::Instant::now();
-    while !subscribed_channels(&server, &lock).is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "never unsubscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_unsubscribed(&server, std::slice::from_ref(&lock)).await;
 }
 
 /// A dropped watch spawns no task of its own: the linger is kept by one reaper task per
@@ -1279,11 +1268,7 @@ async fn watches_share_one_subscription_per_lock_and_drop_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_watches_linger_without_a_task_each() {
     let server = Server::start();
-    let backend = RedisBackend::builder(server.url())
-        .subscription_linger(Duration::from_millis(300))
-        .connect()
-        .await
-        .unwrap();
+    let backend = lingering_backend(&server, Duration::from_millis(300)).await;
     let alive = || {
         tokio::runtime::Handle::current()
             .metrics()
@@ -1305,17 +1290,7 @@ async fn dropped_watches_linger_without_a_task_each() {
     );
     // Every channel still goes, within twice the linger of its last watch, and the reaper
     // with them.
-    let started = std::time::Instant::now();
-    while locks
-        .iter()
-        .any(|lock| !subscribed_channels(&server, lock).is_empty())
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "never unsubscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_unsubscribed(&server, &locks).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(alive() <= before, "{} tasks left", alive() - before);
 }
@@ -1325,17 +1300,30 @@ async fn dropped_watches_linger_without_a_task_each() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_dropped_outside_a_runtime_still_unsubscribes() {
     let server = Server::start();
-    let backend = RedisBackend::builder(server.url())
-        .subscription_linger(Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
+    let backend = lingering_backend(&server, Duration::from_millis(100)).await;
     let lock = name();
     let watch = backend.watch(&lock, &owner("a")).await.unwrap();
     assert!(!subscribed_channels(&server, &lock).is_empty());
     std::thread::spawn(move || drop(watch)).join().unwrap();
+    until_unsubscribed(&server, std::slice::from_ref(&lock)).await;
+}
+
+/// A backend whose subscriptions linger `linger` after their last watch.
+async fn lingering_backend(server: &Server, linger: Duration) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .subscription_linger(linger)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Waits until none of `locks` has a subscribed channel; fails after 5 s.
+async fn until_unsubscribed(server: &Server, locks: &[LockName]) {
     let started = std::time::Instant::now();
-    while !subscribed_channels(&server, &lock).is_empty() {
+    while locks
+        .iter()
+        .any(|lock| !subscribed_channels(server, lock).is_empty())
+    {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "never unsubscribed"

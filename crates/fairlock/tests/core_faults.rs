@@ -181,7 +181,6 @@ async fn handed_and_nested(
     backend: &Faulty,
 ) -> (LockClient, Arc<FairLock>, FairLock, LockGuard, LockGuard) {
     let client = LockClient::new(backend.clone());
-    let holder = client.fair_lock("x").unwrap();
     let owner = Arc::new(
         client
             .fair_lock("x")
@@ -190,18 +189,29 @@ async fn handed_and_nested(
             .unwrap(),
     );
     let other = client.fair_lock("x").unwrap();
+    let handed = hand_over(&client, &owner, || {}).await;
+    let nested = owner.lock().await.unwrap();
+    assert_eq!(nested.hold_count(), 2);
+    (client, owner, other, handed, nested)
+}
 
+/// Lock "x" handed over to `owner` by another owner's release, `just_before` that release:
+/// the guard made from the wake-up, not confirmed yet.
+async fn hand_over(
+    client: &LockClient,
+    owner: &Arc<FairLock>,
+    just_before: impl FnOnce(),
+) -> LockGuard {
+    let holder = client.fair_lock("x").unwrap();
     let held = holder.lock().await.unwrap();
     let waiting = {
         let owner = owner.clone();
         tokio::spawn(async move { owner.lock().await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
+    just_before();
     held.unlock().await.unwrap();
-    let handed = waiting.await.unwrap().unwrap();
-    let nested = owner.lock().await.unwrap();
-    assert_eq!(nested.hold_count(), 2);
-    (client, owner, other, handed, nested)
+    waiting.await.unwrap().unwrap()
 }
 
 /// A guard made from a hand-over's wake-up holds its level only once confirmed. If the
@@ -296,18 +306,12 @@ async fn a_confirmation_that_finds_the_hold_gone_tells_every_guard() {
 async fn a_confirmation_granted_a_new_hold_gives_it_back() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
-    let holder = client.fair_lock("x").unwrap();
     let owner = Arc::new(client.fair_lock("x").unwrap());
     let other = client.fair_lock("x").unwrap();
-    let held = holder.lock().await.unwrap();
-    let waiting = {
-        let owner = owner.clone();
-        tokio::spawn(async move { owner.lock().await })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    backend.forget_next_hand_over.store(true, SeqCst);
-    held.unlock().await.unwrap();
-    let handed = waiting.await.unwrap().unwrap();
+    let handed = hand_over(&client, &owner, || {
+        backend.forget_next_hand_over.store(true, SeqCst);
+    })
+    .await;
     let token = handed.fencing_token();
 
     // Past the confirmation (a tenth of the 5 s waiter TTL, at most 100 ms).
