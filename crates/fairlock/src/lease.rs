@@ -6,8 +6,9 @@
 //! locking, tasks sharing a handle) join it, and one keeper task serves them all.
 //!
 //! The keeper is not spawned with the hold but when it first has something to do: the first
-//! renewal (a third of the watchdog lease after the grant) or, with a fixed lease, the
-//! deadline (see [`crate::deferred`]). Most holds end before either and never spawn it.
+//! renewal (a third of the watchdog lease after the grant) or, with a fixed lease, watching
+//! the last moments before the deadline (see [`crate::deferred`]). Most holds end before
+//! either and never spawn it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -224,7 +225,8 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
         let deadline = *deadline_rx.borrow_and_update();
         let wanted = *watchdogs_rx.borrow_and_update() > 0;
         if wanted && !renewing {
-            // Later, a guard wanting the watchdog joined a hold whose guards had none.
+            // At first, the renewal planned with the hold; later, a guard wanting the
+            // watchdog joined a hold whose guards had none, and renewals start from now.
             let at = if first_pass {
                 first_renewal
             } else {
