@@ -156,9 +156,8 @@ impl RedisBackendBuilder {
 
     /// How long a lock's wake-up channel stays subscribed after its last local waiter is
     /// gone (default 2 s), so a process that locks the same lock again and again does not
-    /// subscribe and unsubscribe each time. The channel goes within twice this after its last
-    /// waiter (one task waits out every channel's linger, in turn); a linger too long to
-    /// count from now (such as `Duration::MAX`) keeps channels subscribed.
+    /// subscribe and unsubscribe each time. A linger too long to count from now (such as
+    /// `Duration::MAX`) keeps channels subscribed.
     pub fn subscription_linger(mut self, linger: Duration) -> Self {
         self.subscription_linger = linger;
         self

@@ -14,11 +14,11 @@
 //! gets the message, and the core tells its attempts apart. Both channels of a lock are
 //! subscribed while it has at least one local watch.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use fairlock::backend::{AttemptId, Grant, Wake, WakeSender, Watch};
+use fairlock::backend::{AttemptId, Deferred, DeferredTask, Grant, Wake, WakeSender, Watch};
 use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
 use fred::types::cluster::ClusterRouting;
@@ -52,9 +52,11 @@ pub(crate) struct Dispatcher {
     pubsub: Arc<Detection>,
     channels: Mutex<HashMap<String, Channel>>,
     linger: Duration,
-    /// Channels without a watch, waiting out the linger. Locked after `channels`.
-    lingering: Mutex<Lingering>,
-    /// The runtime the dispatcher was started on, where its reaper runs (a watch may be
+    /// Starts the unsubscribe of a channel without a watch when its linger is over: a
+    /// dropped watch spawns nothing (a hand-over's grantee drops its watch as its `lock()`
+    /// ends), and a channel watched again in time calls its unsubscribe off.
+    later: Arc<Deferred>,
+    /// The runtime the dispatcher was started on, where the unsubscribes run (a watch may be
     /// dropped on another runtime, or outside any).
     runtime: tokio::runtime::Handle,
     /// Whether a hand-over message is delivered as a grant; if not, as a cue to look.
@@ -93,26 +95,8 @@ struct Channel {
     /// unsubscribing them, so a late unsubscribe never undoes a newer subscribe.
     subscribed: Arc<tokio::sync::Mutex<bool>>,
     senders: HashMap<String, Vec<WakeSender>>,
-    /// Since when it has had no watch (when `watches` is 0).
-    idle_since: Option<tokio::time::Instant>,
-    /// Whether [`Lingering::records`] holds a record of it.
-    queued: bool,
-}
-
-/// The channels waiting out their linger, and whether a reaper task looks after them.
-///
-/// A watch dropped used to spawn a task that slept for the linger, so a hand-over paid for a
-/// spawn (and usually a wake-up of another worker thread) as its grantee's `lock()` ended.
-/// Now the drop only records the channel, at most once per channel, and one reaper task per
-/// dispatcher, alive while any channel lingers, unsubscribes those still idle when due.
-#[derive(Debug, Default)]
-struct Lingering {
-    /// `(due, channel)`, mostly in order of `due`: a record found out of date (the channel
-    /// had watches again since) goes back to the end, so a channel is unsubscribed at most
-    /// twice the linger after its last watch.
-    records: VecDeque<(tokio::time::Instant, String)>,
-    /// Whether a reaper task runs (or has been spawned).
-    reaper: bool,
+    /// While it has no watch: its unsubscribe, due when the linger is over.
+    linger: Option<DeferredTask>,
 }
 
 /// Keeps a watch registered; dropping it unregisters.
@@ -139,7 +123,7 @@ impl Dispatcher {
             pubsub,
             channels: Mutex::new(HashMap::new()),
             linger,
-            lingering: Mutex::new(Lingering::default()),
+            later: Arc::new(Deferred::default()),
             runtime: tokio::runtime::Handle::current(),
             trust_grants,
             resync: tokio::sync::Mutex::new(()),
@@ -447,18 +431,24 @@ impl Dispatcher {
         owner: &str,
     ) -> Result<Watch, fred::error::Error> {
         let (sender, watch) = Watch::channel();
-        let subscribed = {
+        let (subscribed, lingering) = {
             let mut channels = self.channels();
             let entry = channels.entry(channel.to_owned()).or_default();
             entry.watches += 1;
-            entry.idle_since = None;
             entry
                 .senders
                 .entry(owner.to_owned())
                 .or_default()
                 .push(sender);
-            entry.subscribed.clone()
+            (entry.subscribed.clone(), entry.linger.take())
         };
+        // Watched again within the linger: the channel stays subscribed. Called off outside
+        // the map's lock (it drops the unsubscribe's future). One already started goes on:
+        // it finds the watch, or unsubscribes before the subscribe below, which then
+        // subscribes again; stopping it halfway could leave the flag wrong.
+        if let Some(unsubscribe) = lingering {
+            unsubscribe.cancel();
+        }
         // Made before subscribing, so a failed subscribe unregisters on the way out.
         let registration = Registration {
             dispatcher: Arc::downgrade(self),
@@ -568,49 +558,32 @@ impl Dispatcher {
         }
     }
 
-    fn lingering(&self) -> MutexGuard<'_, Lingering> {
-        self.lingering
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// A watch on `channel` was dropped.
     fn unregister(self: Arc<Self>, channel: String) {
-        let start_reaper = {
-            let mut channels = self.channels();
-            let Some(entry) = channels.get_mut(&channel) else {
-                return;
-            };
-            entry.watches = entry.watches.saturating_sub(1);
-            for senders in entry.senders.values_mut() {
-                senders.retain(|sender| !sender.is_closed());
-            }
-            entry.senders.retain(|_, senders| !senders.is_empty());
-            if entry.watches > 0 {
-                return;
-            }
-            // Linger: a new watch meanwhile finds the channel subscribed and keeps it.
-            let now = tokio::time::Instant::now();
-            entry.idle_since = Some(now);
-            let Some(due) = now.checked_add(self.linger) else {
-                return; // a linger too long to count: never unsubscribed
-            };
-            let mut lingering = self.lingering();
-            // Once per channel: a queued record finds the later idle time when it is due.
-            if !std::mem::replace(&mut entry.queued, true) {
-                lingering.records.push_back((due, channel));
-            }
-            !std::mem::replace(&mut lingering.reaper, true)
+        let mut channels = self.channels();
+        let Some(entry) = channels.get_mut(&channel) else {
+            return;
         };
-        if start_reaper {
-            let guard = ReaperGuard {
-                dispatcher: self.clone(),
-                armed: true,
-            };
-            // On a runtime that has shut down the reaper is dropped at once, unpolled, and
-            // its guard lets the next drop start another.
-            drop(self.runtime.spawn(reap(guard)));
+        entry.watches = entry.watches.saturating_sub(1);
+        for senders in entry.senders.values_mut() {
+            senders.retain(|sender| !sender.is_closed());
         }
+        entry.senders.retain(|_, senders| !senders.is_empty());
+        if entry.watches > 0 {
+            return;
+        }
+        // Linger: a new watch meanwhile finds the channel subscribed and keeps it.
+        let Some(due) = tokio::time::Instant::now().checked_add(self.linger) else {
+            return; // a linger too long to count: never unsubscribed
+        };
+        // By a weak reference: a pending unsubscribe keeps no dropped backend alive.
+        let (dispatcher, subscribed) = (Arc::downgrade(&self), entry.subscribed.clone());
+        let unsubscribe = async move {
+            if let Some(dispatcher) = dispatcher.upgrade() {
+                dispatcher.unsubscribe_idle(channel, subscribed).await;
+            }
+        };
+        entry.linger = Some(self.later.spawn_at(&self.runtime, due, unsubscribe));
     }
 
     /// Unsubscribes `channel` if it still has no watch (and the same subscription state).
@@ -648,72 +621,6 @@ impl Dispatcher {
         channels
             .get(channel)
             .is_some_and(|entry| entry.watches == 0 && Arc::ptr_eq(&entry.subscribed, subscribed))
-    }
-}
-
-/// Clears [`Lingering::reaper`] if the reaper ends without clearing it itself (dropped with
-/// its runtime, even before it ran), so that a later drop starts another.
-struct ReaperGuard {
-    dispatcher: Arc<Dispatcher>,
-    armed: bool,
-}
-
-impl Drop for ReaperGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            self.dispatcher.lingering().reaper = false;
-        }
-    }
-}
-
-/// The reaper: waits for each lingering channel's due time, and unsubscribes it if it is
-/// still idle by then. Exits when no channel lingers.
-async fn reap(mut guard: ReaperGuard) {
-    let dispatcher = guard.dispatcher.clone();
-    loop {
-        let mut due_now = None;
-        let sleep_until = {
-            let mut channels = dispatcher.channels();
-            let mut lingering = dispatcher.lingering();
-            let now = tokio::time::Instant::now();
-            loop {
-                let Some((due, channel)) = lingering.records.pop_front() else {
-                    lingering.reaper = false;
-                    guard.armed = false;
-                    return;
-                };
-                let Some(entry) = channels.get_mut(&channel) else {
-                    continue;
-                };
-                let idle_due = match entry.idle_since {
-                    Some(since) if entry.watches == 0 => since.checked_add(dispatcher.linger),
-                    _ => None,
-                };
-                let Some(idle_due) = idle_due else {
-                    entry.queued = false; // watched again: its next drop queues it
-                    continue;
-                };
-                if idle_due <= now {
-                    entry.queued = false;
-                    due_now = Some((channel, entry.subscribed.clone()));
-                    break None;
-                }
-                if idle_due == due {
-                    lingering.records.push_front((due, channel));
-                    break Some(due);
-                }
-                // Watched and dropped again since it was queued: its turn moves back.
-                lingering.records.push_back((idle_due, channel));
-            }
-        };
-        if let Some((channel, subscribed)) = due_now {
-            // In a task of its own: the subscription lock may wait for a subscribe in
-            // flight, and the other channels need not.
-            tokio::spawn(dispatcher.clone().unsubscribe_idle(channel, subscribed));
-        }
-        if let Some(at) = sleep_until {
-            tokio::time::sleep_until(at).await;
-        }
     }
 }
 

@@ -1262,7 +1262,7 @@ async fn watches_share_one_subscription_per_lock_and_drop_it() {
     until_unsubscribed(&server, std::slice::from_ref(&lock)).await;
 }
 
-/// A dropped watch spawns no task of its own: the linger is kept by one reaper task per
+/// A dropped watch spawns no task of its own: the linger is kept by one timer task per
 /// backend, which exits once nothing lingers (a hand-over's grantee drops its watch as its
 /// `lock()` ends, so a spawn there delayed every hand-over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1288,7 +1288,7 @@ async fn dropped_watches_linger_without_a_task_each() {
         "60 dropped watches left {} more tasks",
         during.saturating_sub(before)
     );
-    // Every channel still goes, within twice the linger of its last watch, and the reaper
+    // Every channel still goes after the linger of its last watch, and the timer task
     // with them.
     until_unsubscribed(&server, &locks).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -1296,7 +1296,7 @@ async fn dropped_watches_linger_without_a_task_each() {
 }
 
 /// A watch dropped on a thread with no runtime (a `lock()` future dropped there) still ends
-/// its subscription after the linger: the dispatcher's reaper runs on its own runtime.
+/// its subscription after the linger: the unsubscribe runs on the dispatcher's runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_dropped_outside_a_runtime_still_unsubscribes() {
     let server = Server::start();

@@ -114,6 +114,9 @@
 //! # }
 //! ```
 //!
+//! [`Deferred`] starts work later without a task until then (for example unsubscribing a
+//! wake-up channel some time after its last watch).
+//!
 //! Prove a backend with the conformance suite (feature `conformance`):
 //! `fairlock::conformance::run_all` with a closure that opens instances of it.
 
@@ -123,6 +126,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use crate::deferred::{Deferred, DeferredTask};
 use crate::error::Result;
 use crate::name::{LockName, Owner};
 use crate::wake_queue;

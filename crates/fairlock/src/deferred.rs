@@ -30,10 +30,39 @@ use tokio::time::{sleep_until, Instant};
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// The tasks of one client waiting to start, by runtime (each runtime has its own timer
-/// task, so no runtime's tasks depend on another being driven).
+/// Tasks that start at a later instant, with no task of their own until then.
+///
+/// [`spawn_at`](Self::spawn_at) queues a future, and one timer task per runtime spawns it
+/// when due; [`DeferredTask::abort`] takes it out of the queue before then. Spawning at once
+/// and sleeping costs every such task a spawn, and on a multi-thread runtime usually a
+/// wake-up of another worker thread, on the caller's path. The timer task only wakes for a
+/// task due before it planned to look (it looks at least once a second), and exits when its
+/// queue is empty. The core uses it for a hold's lease keeper; a backend can use it for work
+/// that is usually called off, such as unsubscribing a channel some time after its last
+/// watch. Each runtime has its own timer, so no runtime's tasks depend on another being
+/// driven; tasks queued on a runtime that shuts down never run.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use fairlock::backend::Deferred;
+/// use tokio::runtime::Handle;
+/// use tokio::time::Instant;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let later = Arc::new(Deferred::default());
+/// // Unsubscribe 2 s after the last watch, unless the channel is watched again before.
+/// let unsubscribe = later.spawn_at(&Handle::current(), Instant::now() + Duration::from_secs(2), async {
+///     // ... UNSUBSCRIBE
+/// });
+/// // Watched again: the work never runs, and no task was spawned for it.
+/// unsubscribe.abort();
+/// # }
+/// ```
 #[derive(Debug, Default)]
-pub(crate) struct Deferred {
+pub struct Deferred {
     queues: Mutex<HashMap<runtime::Id, Queue>>,
 }
 
@@ -49,7 +78,7 @@ struct Queue {
 
 /// A task from [`Deferred::spawn_at`]: not started yet, running, or aborted.
 #[derive(Debug)]
-pub(crate) struct DeferredTask {
+pub struct DeferredTask {
     slot: Arc<Slot>,
 }
 
@@ -86,7 +115,7 @@ impl Deferred {
 
     /// Spawns `future` on `runtime` at `at` (at once if `at` has passed), unless it is
     /// aborted first. Like `Handle::spawn`, dropping the returned handle detaches the task.
-    pub(crate) fn spawn_at(
+    pub fn spawn_at(
         self: &Arc<Self>,
         runtime: &Handle,
         at: Instant,
@@ -174,25 +203,37 @@ impl Slot {
 
 impl DeferredTask {
     /// Stops the task: it never starts if it has not yet, and is aborted if it runs.
-    pub(crate) fn abort(&self) {
-        let mut state = self.slot.lock();
-        let old = std::mem::replace(&mut *state, State::Aborted);
-        match &old {
-            State::Waiting { key, .. } => {
-                let removed = self.slot.deferred.dequeue(self.slot.runtime.id(), *key);
-                drop(state);
-                // Dropped outside the locks: the future may own the last reference to
-                // something whose drop aborts another deferred task.
-                drop(removed);
-                drop(old);
+    pub fn abort(&self) {
+        // Not called off only once started, and a started task stays `Running`.
+        if !self.cancel() {
+            if let State::Running(handle) = &*self.slot.lock() {
+                handle.abort();
             }
-            State::Running(handle) => handle.abort(),
-            State::Aborted => {}
         }
     }
 
+    /// Calls the task off if it has not started yet; one that has goes on. Returns whether
+    /// it was called off (or had been aborted before).
+    pub fn cancel(&self) -> bool {
+        let mut state = self.slot.lock();
+        if matches!(&*state, State::Running(_)) {
+            return false;
+        }
+        let old = std::mem::replace(&mut *state, State::Aborted);
+        let removed = match &old {
+            State::Waiting { key, .. } => self.slot.deferred.dequeue(self.slot.runtime.id(), *key),
+            _ => None,
+        };
+        drop(state);
+        // Dropped outside the locks: the future may own the last reference to something
+        // whose drop aborts another deferred task.
+        drop(removed);
+        drop(old);
+        true
+    }
+
     /// Starts the task by `at` at the latest, if it has not started yet.
-    pub(crate) fn start_by(&self, at: Instant) {
+    pub fn start_by(&self, at: Instant) {
         let mut state = self.slot.lock();
         let State::Waiting { key, .. } = &mut *state else {
             return;
@@ -356,6 +397,38 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(deferred.queues().is_empty());
         assert_eq!(Handle::current().metrics().num_alive_tasks(), before);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancel_calls_off_a_waiting_task_but_not_a_started_one() {
+        let deferred = Arc::new(Deferred::default());
+        let started = Arc::new(Notify::new());
+        let finish = Arc::new(Notify::new());
+        let (finished, _) = counter();
+        let task = {
+            let (started, finish, done) = (started.clone(), finish.clone(), finished.clone());
+            deferred.spawn_at(&Handle::current(), Instant::now(), async move {
+                started.notify_one();
+                finish.notified().await;
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        started.notified().await;
+        assert!(!task.cancel(), "a started task goes on");
+        finish.notify_one();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(finished.load(Ordering::SeqCst), 1);
+
+        let (count, make) = counter();
+        let waiting = deferred.spawn_at(
+            &Handle::current(),
+            Instant::now() + Duration::from_secs(1),
+            make(),
+        );
+        assert!(waiting.cancel());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+        assert_eq!(queued(&deferred), 0);
     }
 
     #[tokio::test(start_paused = true)]
