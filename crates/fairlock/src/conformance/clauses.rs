@@ -364,7 +364,8 @@ impl LockBackend for Resend {
 /// locking with nested guards, `try_lock`, timeouts, cancellations and holds long enough for
 /// a watchdog renewal keeps mutual exclusion, nested guards on one hold and increasing
 /// tokens, no held guard is told its lease was lost, and the lock is left clean (no level, no
-/// waiter) once the re-sends have landed. Run twice: with the caller getting the first copy's
+/// waiter) once the re-sends have landed. Two of the tasks share one handle (one owner), as
+/// a handle may be shared: they may hold together, and exclusion is checked between owners. Run twice: with the caller getting the first copy's
 /// reply ([`Resend::new`]), and the second copy's ([`Resend::answering_late`]), so that every
 /// answer the backend gives a request it already applied reaches the core.
 pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
@@ -392,14 +393,21 @@ async fn resend_workload(
 ) {
     const TASKS: usize = 6;
     const ROUNDS: usize = 12;
+    // Tasks 4 and 5 share one handle; the others have one each.
+    const OWNER_OF_TASK: [usize; TASKS] = [0, 1, 2, 3, 4, 4];
     let resend_client = support::client(&(Arc::new(resending.clone()) as Arc<dyn LockBackend>));
     let client = support::client(backend);
     let name = support::lock_name("resends_are_harmless");
-    let inside = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..=OWNER_OF_TASK[TASKS - 1])
+        .map(|_| Arc::new(resend_client.fair_lock(&name).or_fail(check)))
+        .collect();
+    // How many tasks of each owner are inside, changed under one lock so that an owner's
+    // entry and exit never race with another owner's check.
+    let inside = Arc::new(Mutex::new(vec![0usize; handles.len()]));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for task in 0..TASKS {
-        let lock = resend_client.fair_lock(&name).or_fail(check);
+    for (task, &owner) in OWNER_OF_TASK.iter().enumerate() {
+        let lock = handles[owner].clone();
         let (inside, tokens) = (inside.clone(), tokens.clone());
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
@@ -423,12 +431,20 @@ async fn resend_workload(
                         .await
                         .or_fail(format!("{check}: task {task}: lock")),
                 };
-                let others = inside.fetch_add(1, Ordering::SeqCst);
-                assert_eq!(
-                    others, 0,
-                    "{check}: task {task} entered while {others} others were inside"
-                );
-                tokens.lock().unwrap().push((task, guard.fencing_token()));
+                {
+                    let mut inside = inside.lock().unwrap();
+                    let others: usize = (inside.iter().enumerate())
+                        .filter(|&(other, _)| other != owner)
+                        .map(|(_, n)| n)
+                        .sum();
+                    assert_eq!(
+                        others, 0,
+                        "{check}: task {task} (owner {owner}) entered while {others} tasks of \
+                         other owners were inside: {inside:?}"
+                    );
+                    inside[owner] += 1;
+                }
+                tokens.lock().unwrap().push((owner, guard.fencing_token()));
                 let nested = lock
                     .lock()
                     .await
@@ -463,7 +479,7 @@ async fn resend_workload(
                         asked.elapsed()
                     );
                 }
-                inside.fetch_sub(1, Ordering::SeqCst);
+                inside.lock().unwrap()[owner] -= 1;
                 guard
                     .unlock()
                     .await
@@ -474,13 +490,14 @@ async fn resend_workload(
     support::join_all(tasks).await;
     // Strictly increasing from holder to holder. The same owner may enter twice with one
     // token: a cancelled wait's level can still hold its hold (its abandon is in the
-    // background), and the next round re-enters that hold.
+    // background), and the next round re-enters that hold; and the tasks sharing a handle
+    // hold together.
     let tokens = tokens.lock().unwrap().clone();
     for pair in tokens.windows(2) {
-        let ((first_task, first), (second_task, second)) = (pair[0], pair[1]);
+        let ((first_owner, first), (second_owner, second)) = (pair[0], pair[1]);
         assert!(
-            first < second || (first == second && first_task == second_task),
-            "{check}: tokens must increase from holder to holder: {pair:?} (task, token)"
+            first < second || (first == second && first_owner == second_owner),
+            "{check}: tokens must increase from holder to holder: {pair:?} (owner, token)"
         );
     }
     // The last re-sends land within `max_delay`; after them, nothing may be left.

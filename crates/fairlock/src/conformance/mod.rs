@@ -66,7 +66,7 @@
 //! | [`reentry_lengthens_the_lease`] | a re-entry sets the lease from now when that is later, never shorter |
 //! | [`pending_grant_lasts_the_waiter_ttl`] | an unconfirmed hand-over ends after the waiter's TTL, not its lease; its attempt is then spent |
 //! | [`list_ignores_dead_waiters`] | `list` counts live waiters only |
-//! | [`resends_are_harmless`] | with half the requests delivered again later (through [`Resend`]), the caller getting the first copy's reply or the second's, exclusion, counts and tokens hold, a guard held past a renewal keeps its lease, and nothing is left |
+//! | [`resends_are_harmless`] | with half the requests delivered again later (through [`Resend`]), the caller getting the first copy's reply or the second's, exclusion, counts and tokens hold (two of the tasks sharing one handle), a guard held past a renewal keeps its lease, and nothing is left |
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
 //! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
