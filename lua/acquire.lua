@@ -145,7 +145,7 @@ if new_ticket then
     end
   end
   ticket = int(number)
-  redis.call('ZADD', Q, ticket, ticket)
+  add_to_queue(ticket)
   redis.call('HSET', W, '@' .. attempt, ticket)
   if not head_ticket and not head_unknown then
     head_ticket, head_attempt = ticket, attempt

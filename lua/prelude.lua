@@ -80,6 +80,10 @@ local head_unknown
 local latest_deadline
 -- Set when tidy() deleted the queue keys: nothing of them is left to read.
 local queue_gone
+-- What head() learned, so that tidy() need not count live waiters: how many tickets Q holds,
+-- once head() saw all of them (nil: not known), kept up to date by this call's changes; and
+-- a live ticket other than the head, while this call has not removed it (nil: none known).
+local queue_left, other_live
 
 -- Starts a call whose arguments are `input`. The six keys come first, and no key is declared
 -- (see crates/fairlock-redis/src/scripts.rs: a declared key that is missing during a Cluster
@@ -106,6 +110,7 @@ local function begin(input)
   head_unknown = false
   latest_deadline = nil
   queue_gone = false
+  queue_left, other_live = nil, nil
 end
 
 -- Redis Cluster refuses any command of a script on a key of a slot the node does not serve,
@@ -463,6 +468,27 @@ local function note_dropped(ticket)
   end
 end
 
+-- Keeps what head() learned true after this call removed `tickets` from Q (`removed` of them
+-- were there).
+local function left_queue(removed, tickets)
+  if queue_left then
+    queue_left = queue_left - removed
+  end
+  for _, ticket in ipairs(tickets) do
+    if ticket == other_live then
+      other_live = nil
+    end
+  end
+end
+
+-- Puts `ticket` in Q (its place: tickets only grow).
+local function add_to_queue(ticket)
+  local added = redis.call('ZADD', Q, ticket, ticket)
+  if queue_left then
+    queue_left = queue_left + added
+  end
+end
+
 -- Forgets `tickets` (at most a few dozen) in a constant number of commands.
 local function drop_tickets(tickets)
   if #tickets == 0 then
@@ -496,7 +522,7 @@ local function drop_tickets(tickets)
     end
   end
   redis.call('ZREM', Z, unpack(tickets))
-  redis.call('ZREM', Q, unpack(tickets))
+  left_queue(redis.call('ZREM', Q, unpack(tickets)), tickets)
   redis.call('HDEL', W, unpack(fields))
 end
 
@@ -506,7 +532,7 @@ local function forget(ticket, attempt)
   dropped = dropped + 1
   note_dropped(ticket)
   redis.call('ZREM', Z, ticket)
-  redis.call('ZREM', Q, ticket)
+  left_queue(redis.call('ZREM', Q, ticket), { ticket })
   redis.call('HDEL', W, '#' .. ticket, '$' .. ticket, '@' .. attempt)
 end
 
@@ -531,8 +557,14 @@ end
 local function head()
   -- A few first (the head is usually live), then the rest of the budget in one batch.
   local batch = 4
+  local first = true
   while true do
     local tickets = redis.call('ZRANGE', Q, 0, batch - 1)
+    if first and #tickets < batch then
+      -- All of Q.
+      queue_left = #tickets
+    end
+    first = false
     if #tickets == 0 then
       return nil
     end
@@ -544,6 +576,12 @@ local function head()
         local ttl, attempt, owner, waker = waiter_record(ticket)
         if ttl then
           drop_tickets(dead)
+          for j = i + 1, #tickets do
+            if tonumber(deadlines[j]) and tonumber(deadlines[j]) > now_ms then
+              other_live = tickets[j]
+              break
+            end
+          end
           return ticket, ttl, attempt, owner, waker
         end
       end
@@ -582,9 +620,14 @@ local function expire_queue_keys()
 end
 
 -- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
--- frees a large key off the main thread, so this stays O(1) here).
+-- frees a large key off the main thread, so this stays O(1) here). What head() learned
+-- spares the count: a live waiter it saw is still there, or Q is empty (a live waiter is
+-- always in Q).
 local function tidy()
-  if queue_touched and live_waiters() == 0 then
+  if not queue_touched or other_live then
+    return
+  end
+  if queue_left == 0 or live_waiters() == 0 then
     redis.call('UNLINK', Q, Z, W)
     queue_gone = true
   end

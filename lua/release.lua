@@ -25,15 +25,14 @@ if problem then
   return problem
 end
 
--- Whatever happens, the attempt has ended: a re-sent acquire of it changes nothing.
-local _, released = is_spent(attempt)
-
 hold = settle(hold, true)
-local reply
+local reply, released, _
 if not hold or hold.owner ~= owner or hold.token ~= token then
   -- Released before, by this request's first copy: the hold is gone since, not lost.
+  _, released = is_spent(attempt)
   reply = released and 'R 0' or 'N'
 elseif not remove_level(hold, attempt) then
+  _, released = is_spent(attempt)
   reply = released and ('R ' .. int(count(hold))) or 'N'
 else
   released = true
@@ -45,6 +44,8 @@ else
   end
   reply = 'R ' .. int(remaining)
 end
+-- Whatever happened, the attempt has ended: a re-sent acquire of it changes nothing. (Its
+-- record was read only where the hold did not say what an earlier copy did.)
 spend(attempt, released)
 save_spent()
 return reply
