@@ -553,7 +553,9 @@ local function evict_expired()
 end
 
 -- The first live ticket and its ttl, attempt, owner and waker. Dead entries in front of it are
--- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown.
+-- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown. Also notes for
+-- tidy() what the tickets it read show: Q's size when it read all of Q (queue_left), and a
+-- live ticket behind the head (other_live).
 local function head()
   -- A few first (the head is usually live), then the rest of the budget in one batch.
   local batch = 4
@@ -622,7 +624,8 @@ end
 -- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
 -- frees a large key off the main thread, so this stays O(1) here). What head() learned
 -- spares the count: a live waiter it saw is still there, or Q is empty (a live waiter is
--- always in Q).
+-- always in Q: every call changes Q and Z together, and the keys are never evicted apart,
+-- since the server must not evict; see docs/redis.md, "Eviction").
 local function tidy()
   if not queue_touched or other_live then
     return
