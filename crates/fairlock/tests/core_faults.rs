@@ -51,6 +51,9 @@ struct Faulty {
     /// is granted a new hold. Played by freeing the hold and renaming the attempt.
     forget_next_hand_over: Arc<AtomicBool>,
     renamed: Arc<Mutex<HashMap<AttemptId, AttemptId>>>,
+    /// Every acquire waits this long before it reaches the store (a slow link), so that
+    /// several calls of one handle are under way together.
+    acquire_delay: Arc<Mutex<Duration>>,
 }
 
 impl Faulty {
@@ -76,6 +79,10 @@ fn down() -> Error {
 #[async_trait]
 impl LockBackend for Faulty {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        let delay = *self.acquire_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let confirming = !request.queue && self.queued.lock().unwrap().contains(&request.attempt);
         if request.queue {
             self.queued.lock().unwrap().insert(request.attempt);
@@ -650,4 +657,84 @@ async fn a_handed_out_owner_shares_its_hold() {
     assert!(held.is_held().await.unwrap(), "the shared hold was freed");
     nested.unlock().await.unwrap();
     held.unlock().await.unwrap();
+}
+
+/// A stale level (a release the store lost) found while another call of the same handle is
+/// under way is kept, not freed: that call may hold a level of the same hold, and freeing the
+/// hold would take it from under its guard while another owner takes the lock. Two tasks share
+/// the handle; both re-enter the hold, and the other owner waits until both are done and
+/// the handle's next acquisition frees the stale level.
+#[tokio::test(start_paused = true)]
+async fn a_stale_level_found_while_another_call_holds_is_kept() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let shared = Arc::new(client.fair_lock("kept-stale").unwrap());
+    let other = client.fair_lock("kept-stale").unwrap();
+    let guard = shared.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    backend.lose_next_release.store(true, SeqCst);
+    guard.unlock().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = other.lock().await.unwrap();
+        let token = guard.fencing_token();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        guard.unlock().await.unwrap();
+        (token, tokio::time::Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(shared.state().await.unwrap().waiters.len(), 1);
+
+    // Both calls are under way before either is granted: the first finds as many levels as
+    // calls (the stale one and its own), the second one more, with the first's call counted.
+    *backend.acquire_delay.lock().unwrap() = Duration::from_millis(10);
+    let calls: Vec<_> = (0..2)
+        .map(|_| {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.lock().await.unwrap() })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for call in calls {
+        guards.push(call.await.unwrap());
+    }
+    *backend.acquire_delay.lock().unwrap() = Duration::ZERO;
+    for guard in &guards {
+        assert_eq!(
+            guard.fencing_token(),
+            stale_token,
+            "re-entered the one hold"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the other owner got the lock while this owner's guards held it"
+    );
+    let state = shared.state().await.unwrap();
+    assert_eq!(state.holder.map(|h| h.token), Some(stale_token));
+    for guard in guards {
+        assert!(!guard.is_lease_lost());
+        guard.unlock().await.unwrap();
+    }
+
+    // The stale level is still there; the handle's next acquisition frees it, the waiter
+    // first in line goes first.
+    let again = tokio::time::timeout(Duration::from_secs(5), shared.lock())
+        .await
+        .expect("the stale hold does not block its own owner")
+        .unwrap();
+    let acquired = tokio::time::Instant::now();
+    let (waiter_token, waiter_released) = waiter.await.unwrap();
+    assert!(
+        waiter_token > stale_token && again.fencing_token() > waiter_token,
+        "tokens: stale {stale_token}, waiter {waiter_token}, again {}",
+        again.fencing_token()
+    );
+    assert!(
+        acquired >= waiter_released,
+        "the waiter, first in line, went first"
+    );
+    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
+    again.unlock().await.unwrap();
+    assert!(shared.state().await.unwrap().holder.is_none());
 }
