@@ -570,13 +570,7 @@ async fn a_level_the_store_kept_after_a_lost_release_is_not_re_entered() {
     let other = client.fair_lock("lost-release").unwrap();
     let guard = first.lock().await.unwrap();
     let stale_token = guard.fencing_token();
-    let waiter = tokio::spawn(async move {
-        let guard = other.lock().await.unwrap();
-        let token = guard.fencing_token();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        guard.unlock().await.unwrap();
-        (token, tokio::time::Instant::now())
-    });
+    let waiter = tokio::spawn(hold_briefly(other));
     tokio::time::sleep(Duration::from_millis(50)).await;
     backend.lose_next_release.store(true, SeqCst);
     guard.unlock().await.unwrap();
@@ -585,7 +579,28 @@ async fn a_level_the_store_kept_after_a_lost_release_is_not_re_entered() {
         "the release was not lost"
     );
 
-    let again = tokio::time::timeout(Duration::from_secs(5), first.lock())
+    frees_the_stale_hold_after(&first, waiter, stale_token).await;
+}
+
+/// Another owner's `lock()` through `lock`: holds 100 ms, then unlocks; its token and when
+/// it released.
+async fn hold_briefly(lock: FairLock) -> (u64, tokio::time::Instant) {
+    let guard = lock.lock().await.unwrap();
+    let token = guard.fencing_token();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    guard.unlock().await.unwrap();
+    (token, tokio::time::Instant::now())
+}
+
+/// `lock`'s owner, whose hold of `stale_token` has a level nobody holds, locks again: it
+/// frees that hold rather than re-entering it, and gets the lock at a first level after
+/// `waiter` (first in line, [`hold_briefly`]) held and released it; then the lock is free.
+async fn frees_the_stale_hold_after(
+    lock: &FairLock,
+    waiter: tokio::task::JoinHandle<(u64, tokio::time::Instant)>,
+    stale_token: u64,
+) {
+    let again = tokio::time::timeout(Duration::from_secs(5), lock.lock())
         .await
         .expect("the stale hold does not block its own owner")
         .unwrap();
@@ -602,7 +617,7 @@ async fn a_level_the_store_kept_after_a_lost_release_is_not_re_entered() {
         "the waiter, first in line, went first"
     );
     again.unlock().await.unwrap();
-    assert!(first.state().await.unwrap().holder.is_none());
+    assert!(lock.state().await.unwrap().holder.is_none());
 }
 
 /// `lock` is taken at a first level, with a token above `stale_token` (the stale level was
@@ -687,13 +702,7 @@ async fn a_stale_level_found_while_another_call_holds_is_kept() {
     let stale_token = guard.fencing_token();
     backend.lose_next_release.store(true, SeqCst);
     guard.unlock().await.unwrap();
-    let waiter = tokio::spawn(async move {
-        let guard = other.lock().await.unwrap();
-        let token = guard.fencing_token();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        guard.unlock().await.unwrap();
-        (token, tokio::time::Instant::now())
-    });
+    let waiter = tokio::spawn(hold_briefly(other));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(shared.state().await.unwrap().waiters.len(), 1);
 
@@ -732,24 +741,7 @@ async fn a_stale_level_found_while_another_call_holds_is_kept() {
 
     // The stale level is still there; the handle's next acquisition frees it, the waiter
     // first in line goes first.
-    let again = tokio::time::timeout(Duration::from_secs(5), shared.lock())
-        .await
-        .expect("the stale hold does not block its own owner")
-        .unwrap();
-    let acquired = tokio::time::Instant::now();
-    let (waiter_token, waiter_released) = waiter.await.unwrap();
-    assert!(
-        waiter_token > stale_token && again.fencing_token() > waiter_token,
-        "tokens: stale {stale_token}, waiter {waiter_token}, again {}",
-        again.fencing_token()
-    );
-    assert!(
-        acquired >= waiter_released,
-        "the waiter, first in line, went first"
-    );
-    assert_eq!(again.hold_count(), 1, "re-entered the stale level");
-    again.unlock().await.unwrap();
-    assert!(shared.state().await.unwrap().holder.is_none());
+    frees_the_stale_hold_after(&shared, waiter, stale_token).await;
 }
 
 /// A small seeded generator (xorshift64*), so a failing schedule can be run again.

@@ -365,9 +365,10 @@ impl LockBackend for Resend {
 /// a watchdog renewal keeps mutual exclusion, nested guards on one hold and increasing
 /// tokens, no held guard is told its lease was lost, and the lock is left clean (no level, no
 /// waiter) once the re-sends have landed. Two of the tasks share one handle (one owner), as
-/// a handle may be shared: they may hold together, and exclusion is checked between owners. Run twice: with the caller getting the first copy's
-/// reply ([`Resend::new`]), and the second copy's ([`Resend::answering_late`]), so that every
-/// answer the backend gives a request it already applied reaches the core.
+/// a handle may be shared: they may hold together, and exclusion is checked between owners.
+/// Run twice: with the caller getting the first copy's reply ([`Resend::new`]), and the
+/// second copy's ([`Resend::answering_late`]), so that every answer the backend gives a
+/// request it already applied reaches the core.
 pub async fn resends_are_harmless(backend: Arc<dyn LockBackend>) {
     let max_delay = Duration::from_millis(30);
     for (resending, check) in [
