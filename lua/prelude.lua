@@ -559,14 +559,12 @@ end
 local function head()
   -- A few first (the head is usually live), then the rest of the budget in one batch.
   local batch = 4
-  local first = true
   while true do
     local tickets = redis.call('ZRANGE', Q, 0, batch - 1)
-    if first and #tickets < batch then
-      -- All of Q.
+    if #tickets < batch then
+      -- All of Q (the dead read before are dropped).
       queue_left = #tickets
     end
-    first = false
     if #tickets == 0 then
       return nil
     end
@@ -579,7 +577,8 @@ local function head()
         if ttl then
           drop_tickets(dead)
           for j = i + 1, #tickets do
-            if tonumber(deadlines[j]) and tonumber(deadlines[j]) > now_ms then
+            local behind = tonumber(deadlines[j])
+            if behind and behind > now_ms then
               other_live = tickets[j]
               break
             end
