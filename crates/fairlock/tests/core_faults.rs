@@ -16,6 +16,8 @@ use fairlock::backend::{
 use fairlock::{
     Error, FairLock, LockClient, LockGuard, LockName, LockOptions, MemoryBackend, Owner, Result,
 };
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// `MemoryBackend` with two faults, each switched on by a flag: the confirmation of a
 /// hand-over (an `acquire` that does not queue, by an attempt that queued) stalls 10 s; and a
@@ -744,22 +746,6 @@ async fn a_stale_level_found_while_another_call_holds_is_kept() {
     frees_the_stale_hold_after(&shared, waiter, stale_token).await;
 }
 
-/// A small seeded generator (xorshift64*), so a failing schedule can be run again.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F4F4_914F_6CDD) % n
-    }
-}
-
 /// Seeded schedules on the core with the store's faults that err on the safe side: releases
 /// the store lost (a level kept), grants whose reply was lost, releases applied twice or
 /// whose reply was lost, abandons that failed, force releases sent again, acquires delivered
@@ -771,9 +757,10 @@ impl Rng {
 /// 64 schedules by default; `FAIRLOCK_CHAOS_SEEDS` (a count) runs more (1,000 take about 6 s),
 /// and a failure names its seed, which `FAIRLOCK_CHAOS_SEED` runs alone with the core's debug
 /// events printed. Freeing a stale level while another call of the handle holds (`Stale::Kept`
-/// made `Free`) fails schedule 0. Not caught here, since such holds lapse like the levels of
-/// lost releases: a handle re-entering a stale level (its own tests above) and a store that
-/// grants a spent attempt again (the backend model check and the `ForgetsSpent` mutant).
+/// made `Free`) fails schedule 1: another owner enters while a guard holds. Not caught here,
+/// since such holds lapse like the levels of lost releases: a handle re-entering a stale
+/// level (its own tests above) and a store that grants a spent attempt again (the backend
+/// model check and the `ForgetsSpent` mutant).
 #[tokio::test(start_paused = true)]
 async fn shared_handles_keep_exclusion_through_store_faults() {
     let seeds: u64 = std::env::var("FAIRLOCK_CHAOS_SEEDS")
@@ -813,11 +800,11 @@ async fn chaos_schedule(seed: u64) {
     for (task, &owner) in OWNER_OF_TASK.iter().enumerate() {
         let lock = handles[owner].clone();
         let (inside, tokens) = (inside.clone(), tokens.clone());
-        let mut rng = Rng::new(seed * 31 + task as u64);
+        let mut rng = StdRng::seed_from_u64(seed * 31 + task as u64);
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
-                let wait = Duration::from_millis(rng.below(40));
-                let guard = match rng.below(3) {
+                let wait = Duration::from_millis(rng.gen_range(0..40));
+                let guard = match rng.gen_range(0..3) {
                     0 => match lock.try_lock_for(wait).await {
                         Ok(guard) => guard,
                         // Busy at once (a zero wait), busy until the end, or the store failing
@@ -853,14 +840,14 @@ async fn chaos_schedule(seed: u64) {
                     inside[owner] += 1;
                 }
                 tokens.lock().unwrap().push((owner, guard.fencing_token()));
-                let nested = if rng.below(3) == 0 {
+                let nested = if rng.gen_range(0..3) == 0 {
                     Some(lock.lock().await.unwrap_or_else(|err| {
                         panic!("seed {seed} task {task} round {round}: nested: {err}")
                     }))
                 } else {
                     None
                 };
-                tokio::time::sleep(Duration::from_millis(rng.below(20))).await;
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..20))).await;
                 if let Some(nested) = nested {
                     nested.unlock().await.unwrap_or_else(|err| {
                         panic!("seed {seed} task {task} round {round}: nested unlock: {err}")
@@ -878,7 +865,7 @@ async fn chaos_schedule(seed: u64) {
     // outage longer than any budget, not what this schedules).
     let faults = {
         let backend = backend.clone();
-        let mut rng = Rng::new(seed ^ 0xFA17);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xFA17);
         tokio::spawn(async move {
             let flags = [
                 &backend.lose_next_release,
@@ -890,10 +877,11 @@ async fn chaos_schedule(seed: u64) {
                 &backend.resend_next_acquire,
             ];
             loop {
-                tokio::time::sleep(Duration::from_millis(5 + rng.below(60))).await;
-                *backend.resend_delay.lock().unwrap() = Duration::from_millis(rng.below(200));
-                flags[rng.below(flags.len() as u64) as usize].store(true, SeqCst);
-                tokio::time::sleep(Duration::from_millis(1 + rng.below(30))).await;
+                tokio::time::sleep(Duration::from_millis(5 + rng.gen_range(0..60))).await;
+                *backend.resend_delay.lock().unwrap() =
+                    Duration::from_millis(rng.gen_range(0..200));
+                flags[rng.gen_range(0..flags.len())].store(true, SeqCst);
+                tokio::time::sleep(Duration::from_millis(1 + rng.gen_range(0..30))).await;
                 for flag in flags {
                     flag.store(false, SeqCst);
                 }
