@@ -25,6 +25,7 @@ end
 -- level stays on record.
 local _, released = is_spent(attempt)
 spend(attempt, released)
+drop_grant_record(attempt)
 
 local queued = present[Q] and redis.call('HGET', W, '@' .. attempt)
 if queued then

@@ -21,7 +21,8 @@ if not is_waker(waker) then
   return redis.error_reply('ERR fairlock: a waker is up to 32 lowercase hex digits')
 end
 
-local problem = probe_slot(H, Q, Z, W) or check_types(X)
+-- X's type is checked by its read (is_spent), before the first write.
+local problem = probe_slot(H, Q, Z, W)
 if problem then
   return problem
 end
@@ -34,7 +35,11 @@ fence, problem = read_fence()
 if problem then
   return problem
 end
-local spent = is_spent(attempt)
+local spent, _
+spent, _, problem = is_spent(attempt)
+if problem then
+  return problem
+end
 
 hold = settle(hold, true)
 if hold then
@@ -99,13 +104,13 @@ if not hold and not head_unknown and (not head_ticket or head_attempt == attempt
   local token = next_token(fence.token)
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 1, 'l:' .. attempt, '1')
   set_lease(lease)
+  -- The attempt is spent: F records it with the token (see F in prelude.lua).
   if fence.name == name then
-    redis.call('HSET', F, 't', token)
+    redis.call('HSET', F, 't', token, grant_record_fields(attempt))
   else
-    redis.call('HSET', F, 't', token, 'n', name)
+    redis.call('HSET', F, 't', token, 'n', name, grant_record_fields(attempt))
   end
   tidy()
-  spend(attempt)
   save_spent()
   return 'G ' .. token .. ' 1'
 end

@@ -29,6 +29,7 @@ if not hold or hold.token ~= token then
 end
 free_hold()
 spend('f:' .. token)
+clear_grant_record()
 hand_over(fence.token)
 tidy()
 save_spent()

@@ -25,9 +25,15 @@
 --   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket, and
 --              "$<ticket>" -> the waker: which process's channel (C:<waker>) tells this waiter.
 --              A record without one (queued by a version before these channels) is told on C.
---   F  hash    t=last fencing token, s=last ticket, n=lock name. It outlives everything else
---              of the lock by the fence margin, then expires (keep_fence): an idle lock
---              leaves no key.
+--   F  hash    t=last fencing token, s=last ticket, n=lock name; and g=the attempt a free
+--              lock was last granted to (not by a hand-over), gu=until when it is spent (server
+--              ms): its record, kept here rather than in X, since an uncontended acquire reads
+--              and writes F anyway (X's commands were a third of its server time). A release
+--              or abandon of that attempt moves the record to X (it records it there anyway)
+--              and deletes g; so does a force release. A grant to another attempt while g is
+--              still live moves it to X first (its hold lapsed). F outlives everything else of
+--              the lock by the fence margin, and g until gu, then expires (keep_fence): an idle
+--              lock leaves no key.
 --   C  channel for wake-ups (a shard channel in sharded mode): "A" (every waiter: look again).
 --      C:<waker> is the channel of one process (one backend's subscriber): "G <token> <attempt>
 --      <owner>" (hand-over to that attempt), "R <owner>" (look again) go to the waiter's
@@ -37,7 +43,8 @@
 --      tag, so its slot.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
 --              spent when it is granted a level (grant, re-entry, hand-over) and when it
---              ends (release, abandon). The score has a half (until + 0.5) once a release
+--              ends (release, abandon); a grant of a free lock is recorded in F instead (g),
+--              until it moves here. The score has a half (until + 0.5) once a release
 --              removed the attempt's level, so that release sent again answers as it did,
 --              not as a lost lease. PEXPIREAT = the latest score, so an idle lock's records
 --              vanish by themselves. Also "f:<token>" for a hold a force release freed, so
@@ -84,6 +91,10 @@ local queue_gone
 -- once head() saw all of them (nil: not known), kept up to date by this call's changes; and
 -- a live ticket other than the head, while this call has not removed it (nil: none known).
 local queue_left, other_live
+-- F's grant record (g, gu) as this call read or left it (nil: none, or not read), and
+-- records moved out of it that must not overwrite one X has (a release recorded since).
+local grant_record, grant_until
+local spent_kept
 
 -- Starts a call whose arguments are `input`. The six keys come first, and no key is declared
 -- (see crates/fairlock-redis/src/scripts.rs: a declared key that is missing during a Cluster
@@ -111,6 +122,8 @@ local function begin(input)
   latest_deadline = nil
   queue_gone = false
   queue_left, other_live = nil, nil
+  grant_record, grant_until = nil, nil
+  spent_kept = {}
 end
 
 -- Redis Cluster refuses any command of a script on a key of a slot the node does not serve,
@@ -295,13 +308,19 @@ local function read_fence()
   if present[F] == false then
     return {}, nil
   end
-  local f, problem = read_hash(F, 't', 's', 'n')
+  local f, problem = read_hash(F, 't', 's', 'n', 'g', 'gu')
   if problem then
     return nil, problem
   end
-  present[F] = (f[1] or f[2] or f[3]) and true or false
+  present[F] = (f[1] or f[2] or f[3] or f[4]) and true or false
   if (f[1] and not is_digits(f[1])) or (f[2] and not is_digits(f[2])) then
     return nil, foreign(F, 'has a malformed token or ticket counter')
+  end
+  if f[4] then
+    if not is_attempt(f[4]) or not is_digits(f[5]) then
+      return nil, foreign(F, 'has a malformed grant record')
+    end
+    grant_record, grant_until = f[4], tonumber(f[5])
   end
   return { token = f[1] or nil, tickets = f[2] or nil, name = f[3] or nil }, nil
 end
@@ -376,17 +395,32 @@ end
 
 -- Whether `attempt` is spent: granted a level, released or abandoned, less than the resend
 -- horizon ago (a spent attempt is never granted again); and whether a release removed its
--- level (the score's half).
+-- level (the score's half). Its record is in X, or in F (read_fence read it). Where no TYPE
+-- checked X before (acquire), this read is X's type check, before the first write: a third
+-- value is then the error reply for X holding something else.
 local function is_spent(attempt)
-  if present[X] == false then
-    return false, false
+  local score
+  if present[X] ~= false then
+    local reply = redis.pcall('ZSCORE', X, attempt)
+    if type(reply) == 'table' and reply.err then
+      if string.find(reply.err, 'WRONGTYPE', 1, true) then
+        return false, false, foreign(X, 'is not a sorted set')
+      end
+      return false, false, cluster_refusal(reply)
+    end
+    score = tonumber(reply)
+    if score then
+      present[X] = true
+    end
   end
-  local score = tonumber(redis.call('ZSCORE', X, attempt))
   -- The record lasts until its whole milliseconds, the mark aside.
-  if score == nil or math.floor(score) <= now_ms then
-    return false, false
+  if score and math.floor(score) > now_ms then
+    return true, score % 1 ~= 0, nil
   end
-  return true, score % 1 ~= 0
+  if attempt == grant_record and grant_until > now_ms then
+    return true, false, nil
+  end
+  return false, false, nil
 end
 
 -- Records `attempt` as spent (save_spent); `released`: a release removed its level, now or
@@ -395,21 +429,73 @@ local function spend(attempt, released)
   table.insert(spent_now, { attempt, released })
 end
 
+-- F's grant record, if it is still live, moves to X (save_spent) until the time it had; a
+-- record X has of that attempt (a release since, by a version that left g) stays as it is.
+local function move_grant_record()
+  if grant_record and grant_until > now_ms then
+    table.insert(spent_kept, { grant_record, grant_until })
+  end
+end
+
+-- Before a grant of the free lock records `attempt` in F: the record there moves to X.
+-- Returns the fields that record it, for the grant's HSET of F.
+local function grant_record_fields(attempt)
+  move_grant_record()
+  grant_record, grant_until = attempt, now_ms + horizon_ms
+  return 'g', attempt, 'gu', int(grant_until)
+end
+
+-- `attempt` ends and this call records it in X (spend): F no longer keeps it.
+local function drop_grant_record(attempt)
+  if grant_record == attempt then
+    redis.call('HDEL', F, 'g', 'gu')
+    grant_record, grant_until = nil, nil
+  end
+end
+
+-- A force release: whichever attempt F's record names, X keeps it now.
+local function clear_grant_record()
+  if grant_record then
+    move_grant_record()
+    redis.call('HDEL', F, 'g', 'gu')
+    grant_record, grant_until = nil, nil
+  end
+end
+
 -- Records the attempts this call spent, until `horizon_ms` from now, in one ZADD. Forgets at
 -- most 8 records whose time has passed (bounded work per call), and makes X expire with its
 -- latest record. Every script that spends calls it once, on every path, after its changes.
 local function save_spent()
-  if #spent_now == 0 then
+  if #spent_now == 0 and #spent_kept == 0 then
     return
   end
-  local until_ms = int(now_ms + horizon_ms)
-  local members = {}
-  for _, record in ipairs(spent_now) do
-    table.insert(members, record[2] and (until_ms .. '.5') or until_ms)
-    table.insert(members, record[1])
+  if present[X] == nil then
+    -- Its type was read (is_spent), not whether it exists.
+    present[X] = redis.call('EXISTS', X) == 1
   end
-  spent_now = {}
-  redis.call('ZADD', X, unpack(members))
+  local latest = 0
+  if #spent_now > 0 then
+    latest = now_ms + horizon_ms
+    local until_ms = int(latest)
+    local members = {}
+    for _, record in ipairs(spent_now) do
+      table.insert(members, record[2] and (until_ms .. '.5') or until_ms)
+      table.insert(members, record[1])
+    end
+    spent_now = {}
+    redis.call('ZADD', X, unpack(members))
+  end
+  if #spent_kept > 0 then
+    local members = {}
+    for _, record in ipairs(spent_kept) do
+      latest = math.max(latest, record[2])
+      table.insert(members, int(record[2]))
+      table.insert(members, record[1])
+    end
+    spent_kept = {}
+    redis.call('ZADD', X, 'NX', unpack(members))
+  end
+  local until_ms = int(latest)
   if present[X] == false then
     -- X is new: nothing to forget, and its latest record is one of these.
     redis.call('PEXPIREAT', X, until_ms)
@@ -678,12 +764,22 @@ local function keep_fence()
   end
   -- F is of fairlock's type when check_types or read_fence saw it (or saw it absent: then
   -- this call wrote it, or it is still absent and PEXPIRE does nothing); only `extend` does
-  -- not check.
-  if present[F] == nil and redis.call('TYPE', F).ok ~= 'hash' then
-    return
+  -- not check: its read of the grant record is the check.
+  if present[F] == nil then
+    local f = redis.pcall('HMGET', F, 'g', 'gu')
+    if type(f) ~= 'table' or f.err then
+      return
+    end
+    if f[1] and is_digits(f[2]) then
+      grant_record, grant_until = f[1], tonumber(f[2])
+    end
   end
   -- The hold's lease: as this call set it, else as stored (a missing H counts 0).
   local live = hold_ttl or math.max(redis.call('PTTL', H), 0)
+  -- The grant record F keeps (see F above).
+  if grant_record then
+    live = math.max(live, grant_until - now_ms)
+  end
   -- The last waiter's deadline: as this call read it, none if there was no queue when the call
   -- began (only a join adds one, and a join reads it), else as stored.
   if latest_deadline then

@@ -47,5 +47,6 @@ end
 -- Whatever happened, the attempt has ended: a re-sent acquire of it changes nothing. (Its
 -- record was read only where the hold did not say what an earlier copy did.)
 spend(attempt, released)
+drop_grant_record(attempt)
 save_spent()
 return reply

@@ -691,9 +691,11 @@ async fn idle_locks_leave_only_the_fence_and_expiring_records() {
     let (lock, a, b) = (name(), owner("a"), owner("b"));
     let holding = request(&lock, &a, true);
     let grant = granted(&backend, &holding).await;
+    // A grant of a free lock is recorded spent in the fence hash, not in the records.
+    assert_eq!(keys_of(&server, &lock), [key(&lock, "f"), key(&lock, "h")]);
     assert_eq!(
-        keys_of(&server, &lock),
-        [key(&lock, "f"), key(&lock, "h"), key(&lock, "x")]
+        server.cli(&["HGET", &key(&lock, "f"), "g"]),
+        holding.attempt.to_string()
     );
     let waiting = request(&lock, &b, true);
     queued(&backend, &waiting).await;
@@ -839,14 +841,16 @@ async fn function_calls_start_afresh() {
     let fresh = request(&other, &holding.owner, true);
     let fresh_grant = granted(&backend, &fresh).await;
     assert_eq!(fresh_grant.hold_count, 1);
-    assert_eq!(keys_of(&server, &other), {
-        let mut keys = vec![key(&other, "f"), key(&other, "h"), key(&other, "x")];
-        keys.sort();
-        keys
-    });
+    // Its attempt is recorded spent in the fence hash; no record of the hand-over's attempts
+    // is written here.
     assert_eq!(
-        server.cli(&["ZCARD", &key(&other, "x")]),
-        "1",
+        keys_of(&server, &other),
+        [key(&other, "f"), key(&other, "h")],
+        "only its own keys"
+    );
+    assert_eq!(
+        server.cli(&["HGET", &key(&other, "f"), "g"]),
+        fresh.attempt.to_string(),
         "only its own attempt is recorded spent"
     );
     release(&backend, &waiting, to_b.token).await;
@@ -1086,6 +1090,26 @@ async fn foreign_data_is_a_conflict() {
         [key(&lock, "x")],
         "nothing written"
     );
+
+    // A fence hash whose grant record (the attempt the lock was last granted to, kept as
+    // spent) is not one fairlock wrote: neither granted over nor read as no record.
+    let lock = name();
+    let fence = key(&lock, "f");
+    server.cli(&["HSET", &fence, "t", "5", "g", "not an attempt", "gu", "1"]);
+    let err = backend
+        .acquire(&request(&lock, &owner("a"), true))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert_eq!(
+        keys_of(&server, &lock),
+        [key(&lock, "f")],
+        "nothing written"
+    );
+    assert_eq!(
+        server.cli(&["HMGET", &fence, "t", "g"]),
+        "5\nnot an attempt"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1098,8 +1122,10 @@ async fn a_refused_script_has_written_nothing() {
     queued(&backend, &request(&lock, &b, true)).await;
     // The waiter records become foreign: a release that would hand over is refused before it
     // changes anything (Redis would not roll back a half-done script).
-    let ended = holding.attempt.to_string();
-    let spent_until = server.cli(&["ZSCORE", &key(&lock, "x"), &ended]);
+    // The holder's attempt is kept as spent in the fence hash (its grant record).
+    let fence = key(&lock, "f");
+    let spent = server.cli(&["HMGET", &fence, "g", "gu"]);
+    assert!(spent.starts_with(&holding.attempt.to_string()), "{spent}");
     let waiters = key(&lock, "w");
     server.cli(&["DEL", &waiters]);
     server.cli(&["SET", &waiters, "foreign"]);
@@ -1112,10 +1138,8 @@ async fn a_refused_script_has_written_nothing() {
     assert_eq!(server.cli(&["HGET", &holder, "c"]), "1");
     let level = format!("l:{}", holding.attempt);
     assert_eq!(server.cli(&["HEXISTS", &holder, &level]), "1");
-    assert_eq!(
-        server.cli(&["ZSCORE", &key(&lock, "x"), &ended]),
-        spent_until
-    );
+    assert_eq!(server.cli(&["HMGET", &fence, "g", "gu"]), spent);
+    assert_eq!(server.cli(&["EXISTS", &key(&lock, "x")]), "0");
     // The hold itself is untouched: it can still be extended.
     assert!(backend
         .extend(&lock, &a, grant.token, Duration::from_secs(30))

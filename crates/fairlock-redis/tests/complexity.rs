@@ -311,8 +311,10 @@ async fn live_waiters_behind_dead_ones_are_served_in_order_at_once() {
 
 /// The common uncontended path checks only the keys that exist: on a lock in use (its fence
 /// hash and ended-attempt records present, no hold, nobody waiting), one `EXISTS` stands for
-/// the absent hold and queue keys instead of a `TYPE` each, and the ended-attempt records'
-/// expiry is set without reading them back (Redis 7's `PEXPIREAT … GT`). Exact counts, so a
+/// the absent hold and queue keys instead of a `TYPE` each; the grant keeps its attempt's
+/// spent record in the fence hash it writes anyway, so it only reads the ended-attempt records;
+/// and the release sets their expiry without reading them back (Redis 7's `PEXPIREAT … GT`).
+/// Exact counts, so a
 /// script change that adds commands to this path is seen (issue 13: 18 and 19 before, plus
 /// the script call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,13 +351,14 @@ async fn an_uncontended_acquire_and_release_check_only_what_exists() {
     .await;
     println!("uncontended acquire: {acquire} commands, release: {release} commands");
     // Each count includes the call itself (FCALL). The acquire: EXISTS (the slot probe with H, Q, Z,
-    // W), TIME, TYPE X, HMGET F, ZSCORE X; the grant (HSET H, PEXPIRE H, HSET F); the spent
-    // record (ZADD, ZRANGEBYSCORE, PEXPIREAT … GT); PEXPIRE F.
-    assert_eq!(acquire, 13, "commands of an uncontended acquire");
+    // W), TIME, HMGET F, ZSCORE X (also X's type check); the grant (HSET H, PEXPIRE H, and
+    // HSET F with the token and the attempt's spent record); PEXPIRE F. (13 before the grant's
+    // record moved from X to F: TYPE X, and ZADD, ZRANGEBYSCORE, PEXPIREAT … GT on X.)
+    assert_eq!(acquire, 9, "commands of an uncontended acquire");
     // The release: EXISTS (probe, Q, Z, W), TIME, TYPE X, HMGET H (with the attempt's level),
-    // HMGET F, DEL; the spent record (3); PEXPIRE F. (No ZSCORE X: the hold shows the level
-    // is there, so no earlier copy released it.)
-    assert_eq!(release, 11, "commands of a release with nobody waiting");
+    // HMGET F, DEL; the spent record (3), and HDEL of F's record of the grant; PEXPIRE F. (No
+    // ZSCORE X: the hold shows the level is there, so no earlier copy released it.)
+    assert_eq!(release, 12, "commands of a release with nobody waiting");
 }
 
 /// A release that hands over does not count the live waiters when what it read for the hand-over

@@ -108,3 +108,82 @@ async fn a_force_release_sent_again_after_the_fence_expired_answers_as_before() 
     assert!(backend.force_release(&name, token).await.unwrap());
     assert!(!backend.force_release(&name, token + 1).await.unwrap());
 }
+
+/// A backend with a short fence margin, and a first grant on a fresh lock whose lease is
+/// `lease`: the attempt that holds it, and the lock.
+async fn granted_briefly(
+    backend: &RedisBackend,
+    owner: &str,
+    lease: Duration,
+) -> (fairlock::backend::AcquireRequest, fairlock::backend::Grant) {
+    let mut request = common::request(&common::name(), &common::owner(owner), true);
+    request.lease = lease;
+    let grant = common::granted(backend, &request).await;
+    (request, grant)
+}
+
+/// A first grant is remembered for the resend horizon however short the fence margin: the
+/// attempt's request delivered again after its lease ran out (no release came) and after the
+/// margin is refused as spent, not granted again. Whether the lease was last set by the grant
+/// or by an `extend`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_first_grant_stays_spent_past_a_short_fence_margin() {
+    use fairlock::backend::{AcquireOutcome, LockBackend};
+
+    let server = Server::start();
+    let margin = Duration::from_millis(100);
+    let lease = Duration::from_millis(200);
+    let backend = with_margin(&server, margin).await;
+    for extended in [false, true] {
+        let (request, grant) = granted_briefly(&backend, "holder", lease).await;
+        if extended {
+            assert!(backend
+                .extend(&request.name, &request.owner, grant.token, lease)
+                .await
+                .unwrap());
+        }
+        tokio::time::sleep(lease + margin + Duration::from_millis(300)).await;
+        let again = backend.acquire(&request).await.unwrap();
+        assert!(
+            matches!(again, AcquireOutcome::Busy),
+            "extended: {extended}: a spent attempt was answered {again:?}"
+        );
+    }
+}
+
+/// The attempt of a hold that lapsed, or that a force release freed, stays spent after the
+/// lock was granted to another attempt and released again: whatever kept the first grant's
+/// record does not lose it to the next grant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_grant_stays_spent_after_the_next_grant() {
+    use fairlock::backend::{AcquireOutcome, LockBackend};
+
+    let server = Server::start();
+    let margin = Duration::from_millis(100);
+    let lease = Duration::from_millis(200);
+    let backend = with_margin(&server, margin).await;
+    for forced in [false, true] {
+        let (request, grant) = granted_briefly(&backend, "holder", lease).await;
+        if forced {
+            assert!(backend
+                .force_release(&request.name, grant.token)
+                .await
+                .unwrap());
+        } else {
+            tokio::time::sleep(lease + Duration::from_millis(50)).await;
+        }
+        let mut next = common::request(&request.name, &common::owner("next"), true);
+        next.lease = lease;
+        let next_grant = common::granted(&backend, &next).await;
+        backend
+            .release(&next.name, &next.owner, next_grant.token, next.attempt)
+            .await
+            .unwrap();
+        tokio::time::sleep(margin + Duration::from_millis(300)).await;
+        let again = backend.acquire(&request).await.unwrap();
+        assert!(
+            matches!(again, AcquireOutcome::Busy),
+            "forced: {forced}: a spent attempt was answered {again:?}"
+        );
+    }
+}
