@@ -25,15 +25,16 @@
 --   W  hash    "#<ticket>" -> "<ttl ms>:<attempt>:<owner>", "@<attempt>" -> ticket, and
 --              "$<ticket>" -> the waker: which process's channel (C:<waker>) tells this waiter.
 --              A record without one (queued by a version before these channels) is told on C.
---   F  hash    t=last fencing token, s=last ticket, n=lock name; and g=the attempt a free
---              lock was last granted to (not by a hand-over), gu=until when it is spent (server
---              ms): its record, kept here rather than in X, since an uncontended acquire reads
---              and writes F anyway (X's commands were a third of its server time). A release
---              or abandon of that attempt moves the record to X (it records it there anyway)
---              and deletes g; so does a force release. A grant to another attempt while g is
---              still live moves it to X first (its hold lapsed). F outlives everything else of
---              the lock by the fence margin, and g until gu, then expires (keep_fence): an idle
---              lock leaves no key.
+--   F  hash    t=last fencing token, s=last ticket, n=lock name; and g=the attempt the last
+--              new hold was granted to (a grant of the free lock, or a hand-over), gu=until
+--              when it is spent (server ms): its record, kept here rather than in X, since
+--              those grants write F anyway (X's commands were a third of an uncontended
+--              acquire's server time). A release or abandon of that attempt records it in X
+--              (as it would anyway) and deletes g, unless its hand-over writes a new one; a
+--              force release moves g to X. A grant to another attempt while g is still live
+--              (its hold lapsed) moves it to X first. F outlives everything else of the lock
+--              by the fence margin, and g until gu, then expires (keep_fence): an idle lock
+--              leaves no key.
 --   C  channel for wake-ups (a shard channel in sharded mode): "A" (every waiter: look again).
 --      C:<waker> is the channel of one process (one backend's subscriber): "G <token> <attempt>
 --      <owner>" (hand-over to that attempt), "R <owner>" (look again) go to the waiter's
@@ -43,7 +44,7 @@
 --      tag, so its slot.
 --   X  zset    spent attempts -> until when they are remembered (server ms): an attempt is
 --              spent when it is granted a level (grant, re-entry, hand-over) and when it
---              ends (release, abandon); a grant of a free lock is recorded in F instead (g),
+--              ends (release, abandon); a grant of a new hold is recorded in F instead (g),
 --              until it moves here. The score has a half (until + 0.5) once a release
 --              removed the attempt's level, so that release sent again answers as it did,
 --              not as a lost lease. PEXPIREAT = the latest score, so an idle lock's records
@@ -91,10 +92,16 @@ local queue_gone
 -- once head() saw all of them (nil: not known), kept up to date by this call's changes; and
 -- a live ticket other than the head, while this call has not removed it (nil: none known).
 local queue_left, other_live
--- F's grant record (g, gu) as this call read or left it (nil: none, or not read), and
--- records moved out of it that must not overwrite one X has (a release recorded since).
-local grant_record, grant_until
+-- F's grant record (g, gu) as this call read or left it (nil: none, or not read); whether F
+-- still has a record this call took out of it (save_spent deletes it, unless a grant of this
+-- call replaced it); and records moved out of it to X, which must not overwrite a record X
+-- has of the same attempt (a release recorded since).
+local grant_record, grant_until, grant_stale
 local spent_kept
+-- The front of the queue as probe_slot read it, before the call's first write: Q's first
+-- tickets, their deadlines, and the waiter records read (ticket -> HMGET of "#" and "$").
+-- head() starts from it; any change to the queue drops it (nil: read afresh).
+local front
 
 -- Starts a call whose arguments are `input`. The six keys come first, and no key is declared
 -- (see crates/fairlock-redis/src/scripts.rs: a declared key that is missing during a Cluster
@@ -122,8 +129,9 @@ local function begin(input)
   latest_deadline = nil
   queue_gone = false
   queue_left, other_live = nil, nil
-  grant_record, grant_until = nil, nil
+  grant_record, grant_until, grant_stale = nil, nil, false
   spent_kept = {}
+  front = nil
 end
 
 -- Redis Cluster refuses any command of a script on a key of a slot the node does not serve,
@@ -213,29 +221,76 @@ local function check_types(...)
   return nil
 end
 
+-- How many tickets head() reads first (the head is usually live).
+local FRONT = 4
+
+-- A read of one of the queue keys went wrong: foreign data, or a Cluster refusal.
+local function queue_refusal(key, reply)
+  if string.find(reply.err, 'WRONGTYPE', 1, true) then
+    return foreign(key, 'is not a ' .. TYPES[key])
+  end
+  return cluster_refusal(reply)
+end
+
+-- Reads the front of the queue that head() would read first (Q's first tickets, their
+-- deadlines, the first live one's record), through pcall: these reads are also the type
+-- checks of Q, Z and W, where they read them (a key they do not reach gets a TYPE). Called
+-- before the first write, so head() reads nothing twice. Returns an error reply, or nil.
+local function read_front()
+  local tickets = redis.pcall('ZRANGE', Q, 0, FRONT - 1)
+  if tickets.err then
+    return queue_refusal(Q, tickets)
+  end
+  -- A sorted set is never empty: no ticket, no Q.
+  present[Q] = #tickets > 0
+  if #tickets == 0 then
+    return check_types(Z, W)
+  end
+  local deadlines = redis.pcall('ZMSCORE', Z, unpack(tickets))
+  if deadlines.err then
+    return queue_refusal(Z, deadlines)
+  end
+  front = { tickets = tickets, deadlines = deadlines, records = {} }
+  for i, ticket in ipairs(tickets) do
+    local deadline = tonumber(deadlines[i])
+    if deadline and deadline > now_ms then
+      local fields = redis.pcall('HMGET', W, '#' .. ticket, '$' .. ticket)
+      if fields.err then
+        return queue_refusal(W, fields)
+      end
+      front.records[ticket] = fields
+      return nil
+    end
+  end
+  return check_types(W)
+end
+
 -- Every script that may delete a key and touch it again first touches a key of the lock's slot
 -- that never exists (H .. '~'): that fails exactly where the node does not serve the slot or is
 -- migrating it away, so the script refuses before any write. `extend` needs no probe: it
 -- touches only H, which its first command checks.
 -- The keys given, those the script may touch that are usually absent when it is called, are
 -- counted in the same EXISTS: when none exists, none needs a TYPE (an uncontended acquire has
--- no hold and no queue); else each is checked as check_types does.
+-- no hold and no queue); else each is checked as check_types does, but the queue keys (Q, Z
+-- and W, given together), which read_front checks by reading the front of the queue.
 local function probe_slot(...)
   local reply = redis.pcall('EXISTS', H .. '~', ...)
   local refused = cluster_refusal(reply)
   if refused then
     return refused
   end
-  local to_check = {}
+  local to_check, queue = {}, false
   for _, key in ipairs({ ... }) do
     if reply == 0 then
       present[key] = false
-    elseif key ~= H then
+    elseif key == Q then
+      queue = true
+    elseif key ~= H and key ~= Z and key ~= W then
       -- H is checked by the read every script makes of it before its first write (read_hold).
       table.insert(to_check, key)
     end
   end
-  return check_types(unpack(to_check))
+  return check_types(unpack(to_check)) or (queue and read_front()) or nil
 end
 
 -- HMGET of `key`'s fields through pcall, so that the read is also the key's type check: the
@@ -437,19 +492,18 @@ local function move_grant_record()
   end
 end
 
--- Before a grant of the free lock records `attempt` in F: the record there moves to X.
--- Returns the fields that record it, for the grant's HSET of F.
+-- Before a grant of a new hold (of the free lock, or a hand-over) records `attempt` in F: the
+-- record there moves to X. Returns the fields that record it, for the grant's HSET of F.
 local function grant_record_fields(attempt)
   move_grant_record()
-  grant_record, grant_until = attempt, now_ms + horizon_ms
+  grant_record, grant_until, grant_stale = attempt, now_ms + horizon_ms, false
   return 'g', attempt, 'gu', int(grant_until)
 end
 
--- `attempt` ends and this call records it in X (spend): F no longer keeps it.
+-- `attempt` ends, and this call records it in X (spend): F no longer keeps it.
 local function drop_grant_record(attempt)
   if grant_record == attempt then
-    redis.call('HDEL', F, 'g', 'gu')
-    grant_record, grant_until = nil, nil
+    grant_record, grant_until, grant_stale = nil, nil, true
   end
 end
 
@@ -457,8 +511,7 @@ end
 local function clear_grant_record()
   if grant_record then
     move_grant_record()
-    redis.call('HDEL', F, 'g', 'gu')
-    grant_record, grant_until = nil, nil
+    grant_record, grant_until, grant_stale = nil, nil, true
   end
 end
 
@@ -466,6 +519,10 @@ end
 -- most 8 records whose time has passed (bounded work per call), and makes X expire with its
 -- latest record. Every script that spends calls it once, on every path, after its changes.
 local function save_spent()
+  if grant_stale then
+    redis.call('HDEL', F, 'g', 'gu')
+    grant_stale = false
+  end
   if #spent_now == 0 and #spent_kept == 0 then
     return
   end
@@ -527,7 +584,8 @@ end
 -- A waiter record: its ttl (ms), attempt, owner and waker (nil if none); nothing if missing or
 -- malformed.
 local function waiter_record(ticket)
-  local fields = redis.call('HMGET', W, '#' .. ticket, '$' .. ticket)
+  local fields = front and front.records[ticket]
+    or redis.call('HMGET', W, '#' .. ticket, '$' .. ticket)
   local record = fields[1]
   if not record then
     return nil
@@ -569,6 +627,7 @@ end
 
 -- Puts `ticket` in Q (its place: tickets only grow).
 local function add_to_queue(ticket)
+  front = nil
   local added = redis.call('ZADD', Q, ticket, ticket)
   if queue_left then
     queue_left = queue_left + added
@@ -581,6 +640,7 @@ local function drop_tickets(tickets)
     return
   end
   queue_touched = true
+  front = nil
   dropped = dropped + #tickets
   local records_of, fields = {}, {}
   for i, ticket in ipairs(tickets) do
@@ -615,6 +675,7 @@ end
 -- Forgets one ticket whose attempt is known to map to it ("@<attempt>" -> ticket).
 local function forget(ticket, attempt)
   queue_touched = true
+  front = nil
   dropped = dropped + 1
   note_dropped(ticket)
   redis.call('ZREM', Z, ticket)
@@ -643,10 +704,16 @@ end
 -- tidy() what the tickets it read show: Q's size when it read all of Q (queue_left), and a
 -- live ticket behind the head (other_live).
 local function head()
-  -- A few first (the head is usually live), then the rest of the budget in one batch.
-  local batch = 4
+  -- A few first (the head is usually live), then the rest of the budget in one batch. The
+  -- first few as read_front read them, if the queue has not changed since.
+  local batch = FRONT
   while true do
-    local tickets = redis.call('ZRANGE', Q, 0, batch - 1)
+    local tickets, deadlines
+    if front then
+      tickets, deadlines = front.tickets, front.deadlines
+    else
+      tickets = redis.call('ZRANGE', Q, 0, batch - 1)
+    end
     if #tickets < batch then
       -- All of Q (the dead read before are dropped).
       queue_left = #tickets
@@ -654,7 +721,7 @@ local function head()
     if #tickets == 0 then
       return nil
     end
-    local deadlines = redis.call('ZMSCORE', Z, unpack(tickets))
+    deadlines = deadlines or redis.call('ZMSCORE', Z, unpack(tickets))
     local dead = {}
     for i, ticket in ipairs(tickets) do
       local deadline = tonumber(deadlines[i])
@@ -718,6 +785,7 @@ local function tidy()
   if queue_left == 0 or live_waiters() == 0 then
     redis.call('UNLINK', Q, Z, W)
     queue_gone = true
+    front = nil
   end
 end
 
@@ -744,11 +812,12 @@ local function hand_over(last_token)
   forget(ticket, attempt)
   local token = next_token(last_token)
   local until_ms = int(now_ms + ttl)
-  redis.call('HSET', F, 't', token)
+  -- The grantee is spent: F records it with the token, as for a grant of the free lock (and
+  -- the releaser's record, which F may have had, is in X now).
+  redis.call('HSET', F, 't', token, grant_record_fields(attempt))
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 0, 'p', attempt, 'pd', until_ms)
   redis.call('PEXPIREAT', H, until_ms)
   hold_ttl = ttl
-  spend(attempt)
   tell(waker, 'G ' .. token .. ' ' .. attempt .. ' ' .. owner)
 end
 

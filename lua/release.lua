@@ -25,6 +25,8 @@ if problem then
   return problem
 end
 
+-- Whatever happens, the attempt ends here (spend, below): F no longer keeps its record.
+drop_grant_record(attempt)
 hold = settle(hold, true)
 local reply, released, _
 if not hold or hold.owner ~= owner or hold.token ~= token then
@@ -47,6 +49,5 @@ end
 -- Whatever happened, the attempt has ended: a re-sent acquire of it changes nothing. (Its
 -- record was read only where the hold did not say what an earlier copy did.)
 spend(attempt, released)
-drop_grant_record(attempt)
 save_spent()
 return reply

@@ -1147,6 +1147,76 @@ async fn a_refused_script_has_written_nothing() {
         .unwrap());
 }
 
+/// Every key of `lock` with its type and contents, to compare before and after a refused call.
+fn snapshot(server: &Server, lock: &LockName) -> Vec<String> {
+    keys_of(server, lock)
+        .into_iter()
+        .map(|key| {
+            let kind = server.cli(&["TYPE", &key]);
+            let contents = match kind.as_str() {
+                "hash" => server.cli(&["HGETALL", &key]),
+                "zset" => server.cli(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
+                "string" => server.cli(&["GET", &key]),
+                other => panic!("{key} is a {other}"),
+            };
+            format!("{key} {kind} {contents}")
+        })
+        .collect()
+}
+
+/// The queue keys are type-checked by the reads of the queue's front that calls make before
+/// their first write (no `TYPE` of each): a queue key holding foreign data gets a join, a
+/// release that would hand over and an abandon refused with nothing written, whichever key
+/// it is; also when the first waiters in line are dead, so that those reads do not reach W.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_queue_key_is_refused_before_any_write() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    for (suffix, dead_in_front) in [("q", 0), ("z", 0), ("w", 0), ("w", 4)] {
+        let (lock, a) = (name(), owner("a"));
+        let holding = request(&lock, &a, true);
+        let grant = granted(&backend, &holding).await;
+        for i in 0..dead_in_front {
+            queued(
+                &backend,
+                &with_ttl(request(&lock, &owner(&format!("d{i}")), true), 100),
+            )
+            .await;
+        }
+        // A live waiter keeps the queue keys (they expire with the last deadline).
+        let waiting = request(&lock, &owner("b"), true);
+        queued(&backend, &waiting).await;
+        if dead_in_front > 0 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let foreign = key(&lock, suffix);
+        server.cli(&["DEL", &foreign]);
+        server.cli(&["SET", &foreign, "foreign"]);
+        let before = snapshot(&server, &lock);
+        let what = format!("{suffix} foreign, {dead_in_front} dead in front");
+        let refused = |result: Result<(), Error>, call: &str| match result {
+            Err(Error::Conflict { .. }) => {}
+            other => panic!("{what}: {call} answered {other:?}"),
+        };
+        let join = request(&lock, &owner("c"), true);
+        refused(backend.acquire(&join).await.map(drop), "a join");
+        refused(
+            backend
+                .release(&lock, &a, grant.token, holding.attempt)
+                .await
+                .map(drop),
+            "a release",
+        );
+        refused(
+            backend
+                .abandon(&lock, &waiting.owner, waiting.attempt)
+                .await,
+            "an abandon",
+        );
+        assert_eq!(snapshot(&server, &lock), before, "{what}: nothing written");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_and_named() {
     let port = {
