@@ -224,8 +224,9 @@ end
 -- How many tickets head() reads first (the head is usually live).
 local FRONT = 4
 
--- A read of one of the queue keys went wrong: foreign data, or a Cluster refusal.
-local function queue_refusal(key, reply)
+-- The error reply of a pcall read that is also `key`'s type check: foreign data (another
+-- type), or a Cluster refusal (TRYAGAIN).
+local function read_refusal(key, reply)
   if string.find(reply.err, 'WRONGTYPE', 1, true) then
     return foreign(key, 'is not a ' .. TYPES[key])
   end
@@ -239,7 +240,7 @@ end
 local function read_front()
   local tickets = redis.pcall('ZRANGE', Q, 0, FRONT - 1)
   if tickets.err then
-    return queue_refusal(Q, tickets)
+    return read_refusal(Q, tickets)
   end
   -- A sorted set is never empty: no ticket, no Q.
   present[Q] = #tickets > 0
@@ -248,7 +249,7 @@ local function read_front()
   end
   local deadlines = redis.pcall('ZMSCORE', Z, unpack(tickets))
   if deadlines.err then
-    return queue_refusal(Z, deadlines)
+    return read_refusal(Z, deadlines)
   end
   front = { tickets = tickets, deadlines = deadlines, records = {} }
   for i, ticket in ipairs(tickets) do
@@ -256,7 +257,7 @@ local function read_front()
     if deadline and deadline > now_ms then
       local fields = redis.pcall('HMGET', W, '#' .. ticket, '$' .. ticket)
       if fields.err then
-        return queue_refusal(W, fields)
+        return read_refusal(W, fields)
       end
       front.records[ticket] = fields
       return nil
@@ -298,10 +299,7 @@ end
 local function read_hash(key, ...)
   local f = redis.pcall('HMGET', key, ...)
   if f.err then
-    if string.find(f.err, 'WRONGTYPE', 1, true) then
-      return nil, foreign(key, 'is not a hash')
-    end
-    return nil, cluster_refusal(f)
+    return nil, read_refusal(key, f)
   end
   return f, nil
 end
@@ -458,10 +456,7 @@ local function is_spent(attempt)
   if present[X] ~= false then
     local reply = redis.pcall('ZSCORE', X, attempt)
     if type(reply) == 'table' and reply.err then
-      if string.find(reply.err, 'WRONGTYPE', 1, true) then
-        return false, false, foreign(X, 'is not a sorted set')
-      end
-      return false, false, cluster_refusal(reply)
+      return false, false, read_refusal(X, reply)
     end
     score = tonumber(reply)
     if score then

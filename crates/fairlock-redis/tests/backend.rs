@@ -1077,35 +1077,35 @@ async fn foreign_data_is_a_conflict() {
     assert!(matches!(err, Error::Conflict { .. }), "{err}");
     assert_eq!(server.cli(&["HGET", &key(&lock, "h"), "p"]), pending);
 
+    // An acquire on a lock whose only key, `suffix`, holds foreign data: refused, and nothing
+    // written.
+    let refused_alone = |lock: LockName, suffix: &'static str| {
+        let (backend, server) = (&backend, &server);
+        async move {
+            let err = backend
+                .acquire(&request(&lock, &owner("a"), true))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Conflict { .. }), "{err}");
+            assert_eq!(
+                keys_of(server, &lock),
+                [key(&lock, suffix)],
+                "nothing written"
+            );
+        }
+    };
+
     // Ended-attempt records of the wrong type.
     let lock = name();
     server.cli(&["SET", &key(&lock, "x"), "not a zset"]);
-    let err = backend
-        .acquire(&request(&lock, &owner("a"), true))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Conflict { .. }), "{err}");
-    assert_eq!(
-        keys_of(&server, &lock),
-        [key(&lock, "x")],
-        "nothing written"
-    );
+    refused_alone(lock, "x").await;
 
     // A fence hash whose grant record (the attempt the lock was last granted to, kept as
     // spent) is not one fairlock wrote: neither granted over nor read as no record.
     let lock = name();
     let fence = key(&lock, "f");
     server.cli(&["HSET", &fence, "t", "5", "g", "not an attempt", "gu", "1"]);
-    let err = backend
-        .acquire(&request(&lock, &owner("a"), true))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Conflict { .. }), "{err}");
-    assert_eq!(
-        keys_of(&server, &lock),
-        [key(&lock, "f")],
-        "nothing written"
-    );
+    refused_alone(lock, "f").await;
     assert_eq!(
         server.cli(&["HMGET", &fence, "t", "g"]),
         "5\nnot an attempt"

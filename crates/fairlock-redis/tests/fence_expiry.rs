@@ -122,13 +122,28 @@ async fn granted_briefly(
     (request, grant)
 }
 
+/// Checks that `request`, delivered again now, is refused as spent, not granted again.
+async fn still_spent(
+    backend: &RedisBackend,
+    request: &fairlock::backend::AcquireRequest,
+    what: &str,
+) {
+    use fairlock::backend::{AcquireOutcome, LockBackend};
+
+    let again = backend.acquire(request).await.unwrap();
+    assert!(
+        matches!(again, AcquireOutcome::Busy),
+        "{what}: a spent attempt was answered {again:?}"
+    );
+}
+
 /// A first grant is remembered for the resend horizon however short the fence margin: the
 /// attempt's request delivered again after its lease ran out (no release came) and after the
 /// margin is refused as spent, not granted again. Whether the lease was last set by the grant
 /// or by an `extend`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_first_grant_stays_spent_past_a_short_fence_margin() {
-    use fairlock::backend::{AcquireOutcome, LockBackend};
+    use fairlock::backend::LockBackend;
 
     let server = Server::start();
     let margin = Duration::from_millis(100);
@@ -143,11 +158,7 @@ async fn a_lapsed_first_grant_stays_spent_past_a_short_fence_margin() {
                 .unwrap());
         }
         tokio::time::sleep(lease + margin + Duration::from_millis(300)).await;
-        let again = backend.acquire(&request).await.unwrap();
-        assert!(
-            matches!(again, AcquireOutcome::Busy),
-            "extended: {extended}: a spent attempt was answered {again:?}"
-        );
+        still_spent(&backend, &request, &format!("extended: {extended}")).await;
     }
 }
 
@@ -156,7 +167,7 @@ async fn a_lapsed_first_grant_stays_spent_past_a_short_fence_margin() {
 /// record does not lose it to the next grant's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_grant_stays_spent_after_the_next_grant() {
-    use fairlock::backend::{AcquireOutcome, LockBackend};
+    use fairlock::backend::LockBackend;
 
     let server = Server::start();
     let margin = Duration::from_millis(100);
@@ -180,10 +191,6 @@ async fn a_first_grant_stays_spent_after_the_next_grant() {
             .await
             .unwrap();
         tokio::time::sleep(margin + Duration::from_millis(300)).await;
-        let again = backend.acquire(&request).await.unwrap();
-        assert!(
-            matches!(again, AcquireOutcome::Busy),
-            "forced: {forced}: a spent attempt was answered {again:?}"
-        );
+        still_spent(&backend, &request, &format!("forced: {forced}")).await;
     }
 }
