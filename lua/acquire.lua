@@ -78,11 +78,11 @@ if hold and hold.owner == owner then
   return 'G ' .. hold.token .. ' ' .. int(count(hold))
 end
 
-local head_ticket, head_attempt, head_owner, head_waker
+local head_ticket, head_attempt, head_owner, head_waker, head_record
 if has_queue then
   evict_expired()
   local _
-  head_ticket, _, head_attempt, head_owner, head_waker = head()
+  head_ticket, _, head_attempt, head_owner, head_waker, head_record = head()
   if head_unknown then
     -- More dead waiters in front than this call may clear. If the caller is the only live
     -- waiter, or there is none, who is first is known all the same.
@@ -127,15 +127,19 @@ if not may_queue then
 end
 
 -- Join, or refresh the deadline and keep the place; an entry already expired has lost it.
-local ticket = nil
-if has_queue then
+-- The head's ticket is known live, and its record names its attempt (whose "@" entry points
+-- back at it); any other waiter's is looked up.
+local ticket, stored = nil, nil
+if head_ticket and head_attempt == attempt then
+  ticket, stored = head_ticket, head_record
+elseif has_queue then
   ticket = redis.call('HGET', W, '@' .. attempt) or nil
-end
-if ticket then
-  local current = tonumber(redis.call('ZSCORE', Z, ticket))
-  if not current or current <= now_ms then
-    forget(ticket, attempt)
-    ticket = nil
+  if ticket then
+    local current = tonumber(redis.call('ZSCORE', Z, ticket))
+    if not current or current <= now_ms then
+      forget(ticket, attempt)
+      ticket = nil
+    end
   end
 end
 local new_ticket = not ticket
@@ -143,9 +147,9 @@ if new_ticket then
   -- Tickets only grow, also if F was lost (evicted) while the queue lived on.
   local number = redis.call('HINCRBY', F, 's', 1)
   if has_queue then
-    local last = redis.call('ZRANGE', Q, -1, -1, 'WITHSCORES')[2]
-    if last and tonumber(last) >= number then
-      number = tonumber(last) + 1
+    local last = queue_last or tonumber(redis.call('ZRANGE', Q, -1, -1, 'WITHSCORES')[2])
+    if last and last >= number then
+      number = last + 1
       redis.call('HSET', F, 's', int(number))
     end
   end
@@ -156,9 +160,12 @@ if new_ticket then
     head_ticket, head_attempt = ticket, attempt
   end
 end
-redis.call('ZADD', Z, int(now_ms + waiter_ttl), ticket)
+local deadline = now_ms + waiter_ttl
+redis.call('ZADD', Z, int(deadline), ticket)
 local record = int(waiter_ttl) .. ':' .. attempt .. ':' .. owner
-if waker == '' then
+if stored == record and (waker == '' or waker == head_waker) then
+  -- The head's heartbeat, its record as it was: nothing to write.
+elseif waker == '' then
   redis.call('HSET', W, '#' .. ticket, record)
   if new_ticket then
     -- No waker: told on C. A "$" field of an earlier holder of this ticket number (left by
@@ -172,7 +179,7 @@ end
 if fence.name ~= name then
   redis.call('HSET', F, 'n', name)
 end
-expire_queue_keys()
+expire_queue_keys(deadline)
 tidy()
 
 local last_token = fence.token or '0'

@@ -86,6 +86,10 @@ local head_unknown
 -- The latest waiter deadline (server ms), once this call has read it: keep_fence then need
 -- not read it again.
 local latest_deadline
+-- What this call saw when it read all of Q at once (see saw_queue): Q's last ticket and Z's
+-- latest deadline (0 for an empty queue), or nil. Removals since only lower either, so they
+-- stay upper bounds, which is all their readers need.
+local queue_last, queue_latest
 -- Set when tidy() deleted the queue keys: nothing of them is left to read.
 local queue_gone
 -- What head() learned, so that tidy() need not count live waiters: how many tickets Q holds,
@@ -127,6 +131,7 @@ local function begin(input)
   dropped, lowest_dropped = 0, nil
   head_unknown = false
   latest_deadline = nil
+  queue_last, queue_latest = nil, nil
   queue_gone = false
   queue_left, other_live = nil, nil
   grant_record, grant_until, grant_stale = nil, nil, false
@@ -221,8 +226,19 @@ local function check_types(...)
   return nil
 end
 
--- How many tickets head() reads first (the head is usually live).
-local FRONT = 4
+-- How many tickets head() reads first (the head is usually live; a short queue is read whole).
+local FRONT = 8
+
+-- Notes what a read of all of Q (`tickets`, with their deadlines in Z) shows: Q's last ticket
+-- and Z's latest deadline (Z holds the same tickets as Q), so that joins and keep_fence need
+-- not read them again.
+local function saw_queue(tickets, deadlines)
+  queue_last, queue_latest = 0, 0
+  for i, ticket in ipairs(tickets) do
+    queue_last = math.max(queue_last, tonumber(ticket) or 0)
+    queue_latest = math.max(queue_latest, tonumber(deadlines[i]) or 0)
+  end
+end
 
 -- The error reply of a pcall read that is also `key`'s type check: foreign data (another
 -- type), or a Cluster refusal (TRYAGAIN).
@@ -252,6 +268,9 @@ local function read_front()
     return read_refusal(Z, deadlines)
   end
   front = { tickets = tickets, deadlines = deadlines, records = {} }
+  if #tickets < FRONT then
+    saw_queue(tickets, deadlines)
+  end
   for i, ticket in ipairs(tickets) do
     local deadline = tonumber(deadlines[i])
     if deadline and deadline > now_ms then
@@ -267,27 +286,42 @@ local function read_front()
 end
 
 -- Every script that may delete a key and touch it again first touches a key of the lock's slot
--- that never exists (H .. '~'): that fails exactly where the node does not serve the slot or is
+-- that fairlock never writes (H .. '~'): that fails exactly where the node does not serve the slot or is
 -- migrating it away, so the script refuses before any write. `extend` needs no probe: it
 -- touches only H, which its first command checks.
 -- The keys given, those the script may touch that are usually absent when it is called, are
--- counted in the same EXISTS: when none exists, none needs a TYPE (an uncontended acquire has
--- no hold and no queue); else each is checked as check_types does, but the queue keys (Q, Z
--- and W, given together), which read_front checks by reading the front of the queue.
+-- counted in the same EXISTS, H once and every other key twice: the count's parity tells
+-- whether H exists (an uncontended acquire has no hold), and its half whether any other
+-- does (a lock without waiters has no queue keys). H .. '~' is counted twice too: a key
+-- there (someone else's) must not read as the hold being absent. A key known absent needs no TYPE; else
+-- each is checked as check_types does, but H, which the read every script makes of it
+-- before its first write checks (read_hold), and the queue keys (Q, Z and W, given
+-- together), which read_front checks by reading the front of the queue.
 local function probe_slot(...)
-  local reply = redis.pcall('EXISTS', H .. '~', ...)
+  local counted = { H .. '~', H .. '~' }
+  for _, key in ipairs({ ... }) do
+    table.insert(counted, key)
+    if key ~= H then
+      table.insert(counted, key)
+    end
+  end
+  local reply = redis.pcall('EXISTS', unpack(counted))
   local refused = cluster_refusal(reply)
   if refused then
     return refused
   end
+  local others = math.floor(reply / 2)
   local to_check, queue = {}, false
   for _, key in ipairs({ ... }) do
-    if reply == 0 then
+    if key == H then
+      if reply % 2 == 0 then
+        present[H] = false
+      end
+    elseif others == 0 then
       present[key] = false
     elseif key == Q then
       queue = true
-    elseif key ~= H and key ~= Z and key ~= W then
-      -- H is checked by the read every script makes of it before its first write (read_hold).
+    elseif key ~= Z and key ~= W then
       table.insert(to_check, key)
     end
   end
@@ -576,8 +610,8 @@ local function save_spent()
   redis.call('PEXPIREAT', X, int(tonumber(latest[2])))
 end
 
--- A waiter record: its ttl (ms), attempt, owner and waker (nil if none); nothing if missing or
--- malformed.
+-- A waiter record: its ttl (ms), attempt, owner, waker (nil if none) and the record as
+-- stored; nothing if missing or malformed.
 local function waiter_record(ticket)
   local fields = front and front.records[ticket]
     or redis.call('HMGET', W, '#' .. ticket, '$' .. ticket)
@@ -592,7 +626,7 @@ local function waiter_record(ticket)
     return nil
   end
   return ttl, string.sub(record, first + 1, second - 1), string.sub(record, second + 1),
-    fields[2] or nil
+    fields[2] or nil, record
 end
 
 -- The most queue entries one call drops (dead waiters and the entries of waiters that left):
@@ -694,10 +728,10 @@ local function evict_expired()
   drop_tickets(expired)
 end
 
--- The first live ticket and its ttl, attempt, owner and waker. Dead entries in front of it are
--- dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown. Also notes for
--- tidy() what the tickets it read show: Q's size when it read all of Q (queue_left), and a
--- live ticket behind the head (other_live).
+-- The first live ticket and its ttl, attempt, owner, waker and record as stored. Dead entries
+-- in front of it are dropped, within DROP_BUDGET: past it, returns nil and sets head_unknown.
+-- Also notes what the tickets it read show: for tidy(), Q's size when it read all of Q
+-- (queue_left) and a live ticket behind the head (other_live); and saw_queue's bounds.
 local function head()
   -- A few first (the head is usually live), then the rest of the budget in one batch. The
   -- first few as read_front read them, if the queue has not changed since.
@@ -714,14 +748,20 @@ local function head()
       queue_left = #tickets
     end
     if #tickets == 0 then
+      queue_last, queue_latest = 0, 0
       return nil
     end
-    deadlines = deadlines or redis.call('ZMSCORE', Z, unpack(tickets))
+    if not deadlines then
+      deadlines = redis.call('ZMSCORE', Z, unpack(tickets))
+      if #tickets < batch then
+        saw_queue(tickets, deadlines)
+      end
+    end
     local dead = {}
     for i, ticket in ipairs(tickets) do
       local deadline = tonumber(deadlines[i])
       if deadline and deadline > now_ms then
-        local ttl, attempt, owner, waker = waiter_record(ticket)
+        local ttl, attempt, owner, waker, record = waiter_record(ticket)
         if ttl then
           drop_tickets(dead)
           for j = i + 1, #tickets do
@@ -731,7 +771,7 @@ local function head()
               break
             end
           end
-          return ticket, ttl, attempt, owner, waker
+          return ticket, ttl, attempt, owner, waker, record
         end
       end
       table.insert(dead, ticket)
@@ -756,11 +796,18 @@ local function live_waiters()
   return redis.call('ZCOUNT', Z, '(' .. int(now_ms), '+inf')
 end
 
--- Queue keys disappear by themselves when the last waiter's deadline passes.
-local function expire_queue_keys()
-  local last = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
-  if last[2] then
-    latest_deadline = tonumber(last[2])
+-- Queue keys disappear by themselves when the last waiter's deadline passes. `own` is the
+-- deadline this call just gave its waiter; the others' latest is read unless this call saw
+-- all of them (saw_queue), or there were none (Z absent when the call began).
+local function expire_queue_keys(own)
+  local latest = queue_latest or (present[Z] == false and 0)
+  if latest then
+    latest = math.max(latest, own)
+  else
+    latest = tonumber(redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')[2])
+  end
+  if latest then
+    latest_deadline = latest
     local at = int(latest_deadline)
     redis.call('PEXPIREAT', Q, at)
     redis.call('PEXPIREAT', Z, at)
@@ -792,7 +839,8 @@ local function hand_over(last_token)
     -- No queue when the script started, and the scripts that hand over never add to it.
     return
   end
-  evict_expired()
+  -- No eviction here (joins, heartbeats and abandons do it): only the dead in front of the
+  -- head matter to a hand-over, and head() clears those.
   local ticket, ttl, attempt, owner, waker = head()
   if not ticket then
     if head_unknown and live_waiters() > 0 then
@@ -844,11 +892,15 @@ local function keep_fence()
   if grant_record then
     live = math.max(live, grant_until - now_ms)
   end
-  -- The last waiter's deadline: as this call read it, none if there was no queue when the call
-  -- began (only a join adds one, and a join reads it), else as stored.
+  -- The last waiter's deadline: as this call read it or saw it (only a join adds one, and a
+  -- join sets latest_deadline), none if there was no queue when the call began, else as stored.
   if latest_deadline then
     live = math.max(live, latest_deadline - now_ms)
-  elseif present[Z] ~= false and not queue_gone then
+  elseif queue_gone or present[Z] == false then
+    -- No waiter left.
+  elseif queue_latest then
+    live = math.max(live, queue_latest - now_ms)
+  else
     local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
     if type(last) == 'table' and not last.err and last[2] then
       live = math.max(live, tonumber(last[2]) - now_ms)

@@ -718,6 +718,92 @@ async fn idle_locks_leave_only_the_fence_and_expiring_records() {
     assert_eq!(keys_of(&server, &other), idle_keys(&other));
 }
 
+/// The queue keys live until the latest waiter deadline, and the fence past it, whichever
+/// waiter has it and whatever order they call in: a short-lived waiter's join or heartbeat
+/// does not cut the keys short of a long-lived one's deadline, nor does a hand-over to it
+/// cut the fence short. (Calls on a short queue take the latest deadline from the front of
+/// the queue they read, not from a read of their own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_keys_and_fence_outlive_the_latest_waiter() {
+    let server = Server::start();
+    let backend = RedisBackend::builder(server.url())
+        .fence_margin(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    // Short enough to tell apart, long enough that no waiter dies on a slow machine.
+    const SHORT: u64 = 10_000;
+    const LONG: u64 = 600_000;
+    // Milliseconds `key` has left, at least this much under `LONG`.
+    let outlives_long = |key: &str, what: &str| {
+        let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
+        assert!(ttl > 590_000, "{what}: {key} expires in {ttl} ms");
+    };
+    // The long-lived waiter first, then a short-lived one joins and heartbeats behind it.
+    let lock = name();
+    let holding = request(&lock, &owner("holder"), true);
+    granted(&backend, &holding).await;
+    queued(
+        &backend,
+        &with_ttl(request(&lock, &owner("long"), true), LONG),
+    )
+    .await;
+    let short = with_ttl(request(&lock, &owner("short"), true), SHORT);
+    queued(&backend, &short).await;
+    for suffix in ["q", "z", "w"] {
+        outlives_long(&key(&lock, suffix), "a short join behind a long waiter");
+    }
+    queued(&backend, &short).await;
+    for suffix in ["q", "z", "w"] {
+        outlives_long(
+            &key(&lock, suffix),
+            "a short heartbeat behind a long waiter",
+        );
+    }
+
+    // The short-lived waiter first: its heartbeat as the head, then the hand-over to it.
+    let lock = name();
+    let holding = request(&lock, &owner("holder"), true);
+    let grant = granted(&backend, &holding).await;
+    let short = with_ttl(request(&lock, &owner("short"), true), SHORT);
+    queued(&backend, &short).await;
+    queued(
+        &backend,
+        &with_ttl(request(&lock, &owner("long"), true), LONG),
+    )
+    .await;
+    queued(&backend, &short).await;
+    for suffix in ["q", "z", "w"] {
+        outlives_long(&key(&lock, suffix), "the short head's heartbeat");
+    }
+    release(&backend, &holding, grant.token).await;
+    assert_eq!(
+        backend.inspect(&lock).await.unwrap().holder.unwrap().owner,
+        "short"
+    );
+    outlives_long(&key(&lock, "f"), "a hand-over to the short waiter");
+
+    // A queue longer than the front a call reads first: the long-lived waiter stands behind
+    // it, out of sight of the head's heartbeat.
+    let lock = name();
+    granted(&backend, &request(&lock, &owner("holder"), true)).await;
+    let head = with_ttl(request(&lock, &owner("head"), true), SHORT);
+    queued(&backend, &head).await;
+    for i in 0..8 {
+        let short = with_ttl(request(&lock, &owner(&format!("short{i}")), true), SHORT);
+        queued(&backend, &short).await;
+    }
+    queued(
+        &backend,
+        &with_ttl(request(&lock, &owner("long"), true), LONG),
+    )
+    .await;
+    queued(&backend, &head).await;
+    for suffix in ["q", "z", "w"] {
+        outlives_long(&key(&lock, suffix), "the head's heartbeat in a long queue");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_reloaded_after_script_flush() {
     let server = Server::start();
@@ -1099,6 +1185,24 @@ async fn foreign_data_is_a_conflict() {
     let lock = name();
     server.cli(&["SET", &key(&lock, "x"), "not a zset"]);
     refused_alone(lock, "x").await;
+
+    // A key at the slot probe's name (`h~`, which fairlock never writes) is not read as the
+    // hold being absent: a held lock stays held.
+    let lock = name();
+    let holding = request(&lock, &owner("a"), true);
+    granted(&backend, &holding).await;
+    server.cli(&["SET", &format!("{}~", key(&lock, "h")), "someone else's"]);
+    busy(&backend, &request(&lock, &owner("b"), false)).await;
+    queued(&backend, &request(&lock, &owner("b"), true)).await;
+    let holder = backend.inspect(&lock).await.unwrap().holder.unwrap();
+    assert_eq!(holder.owner, holding.owner.as_str());
+
+    // A queue key alone, of the wrong type (the slot probe counts it with the others).
+    for suffix in ["q", "z", "w"] {
+        let lock = name();
+        server.cli(&["SET", &key(&lock, suffix), "not fairlock's"]);
+        refused_alone(lock, suffix).await;
+    }
 
     // A fence hash whose grant record (the attempt the lock was last granted to, kept as
     // spent) is not one fairlock wrote: neither granted over nor read as no record.
@@ -1527,6 +1631,42 @@ async fn a_hand_over_is_published_to_the_grantees_process_alone() {
     assert!(heard.is_err(), "c's backend heard {heard:?}");
 }
 
+/// A heartbeat stores what it asks, also when it comes from the head of the queue (whose
+/// record the call has read already): a new liveness TTL, which the hand-over's pending grant
+/// lasts, and a new process to tell (here the same attempt, sent again through another
+/// backend).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_of_the_head_updates_its_record() {
+    let server = Server::start();
+    let (holder, first, second) = (
+        server.backend().await,
+        server.backend().await,
+        server.backend().await,
+    );
+    // Each change alone, on a lock of its own: a new process to tell, then a new TTL.
+    for new_ttl in [false, true] {
+        let (lock, a, b) = (name(), Owner::unique(), Owner::unique());
+        let holding = request(&lock, &a, true);
+        let grant = granted(&holder, &holding).await;
+        let mut watch = second.watch(&lock, &b).await.unwrap();
+        let waiting = with_ttl(request(&lock, &b, true), 600_000);
+        queued(if new_ttl { &second } else { &first }, &waiting).await;
+        let waiting = if new_ttl {
+            with_ttl(waiting, 2_000)
+        } else {
+            waiting
+        };
+        queued(&second, &waiting).await;
+        release(&holder, &holding, grant.token).await;
+        handed_over(&mut watch, &waiting).await;
+        let left = lease_left(&holder, &lock).await;
+        assert!(
+            left <= waiting.waiter_ttl,
+            "the pending grant lasts the waiter's TTL: {left:?}"
+        );
+    }
+}
+
 /// A waiter whose record names no channel of its process (queued by a version before
 /// per-process channels, during a rolling upgrade) is woken on the lock's channel, which every
 /// watching backend keeps subscribed.
@@ -1614,7 +1754,8 @@ async fn a_waiter_without_a_waker_ignores_a_stale_one() {
 }
 
 /// A waiter's record goes whole when it leaves the queue, however it leaves: abandoned,
-/// handed the lock, or evicted dead.
+/// handed the lock, or evicted dead (by the next join or heartbeat: a hand-over clears only
+/// the dead in front of the head).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_leaves_no_field_behind() {
     let server = Server::start();
@@ -1640,6 +1781,7 @@ async fn a_waiter_leaves_no_field_behind() {
     abandon(&backend, &abandoned).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     release(&backend, &holding, grant.token).await;
+    queued(&backend, &staying).await;
     let ticket = server.cli(&["HGET", &key(&lock, "w"), &format!("@{}", staying.attempt)]);
     let mut expected = vec![
         format!("#{ticket}"),
