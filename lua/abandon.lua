@@ -7,7 +7,7 @@
 local owner, attempt = ARGV[1], ARGV[2]
 horizon_ms = tonumber(ARGV[3])
 
-local problem = probe_slot(H, Q, Z, W) or check_types(X)
+local problem = probe_slot(true) or check_types(X)
 if problem then
   return problem
 end

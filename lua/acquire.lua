@@ -22,7 +22,7 @@ if not is_waker(waker) then
 end
 
 -- X's type is checked by its read (is_spent), before the first write.
-local problem = probe_slot(H, Q, Z, W)
+local problem = probe_slot(true)
 if problem then
   return problem
 end

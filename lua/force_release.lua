@@ -9,7 +9,7 @@
 local token = ARGV[1]
 horizon_ms = tonumber(ARGV[2])
 
-local problem = probe_slot(Q, Z, W) or check_types(X)
+local problem = probe_slot(false) or check_types(X)
 if problem then
   return problem
 end

@@ -8,7 +8,7 @@
 --          ms, confirmed ("1", or "0" while a pending level lives); all "" when free
 --   then one triple per live waiter, first in line first: owner, attempt, ms until its
 --   deadline
-local problem = probe_slot(H, Q, Z, W) or check_types(F)
+local problem = probe_slot(true) or check_types(F)
 if problem then
   return problem
 end

@@ -286,46 +286,36 @@ local function read_front()
 end
 
 -- Every script that may delete a key and touch it again first touches a key of the lock's slot
--- that fairlock never writes (H .. '~'): that fails exactly where the node does not serve the slot or is
--- migrating it away, so the script refuses before any write. `extend` needs no probe: it
--- touches only H, which its first command checks.
--- The keys given, those the script may touch that are usually absent when it is called, are
--- counted in the same EXISTS, H once and every other key twice: the count's parity tells
--- whether H exists (an uncontended acquire has no hold), and its half whether any other
--- does (a lock without waiters has no queue keys). H .. '~' is counted twice too: a key
--- there (someone else's) must not read as the hold being absent. A key known absent needs no TYPE; else
--- each is checked as check_types does, but H, which the read every script makes of it
--- before its first write checks (read_hold), and the queue keys (Q, Z and W, given
--- together), which read_front checks by reading the front of the queue.
-local function probe_slot(...)
-  local counted = { H .. '~', H .. '~' }
-  for _, key in ipairs({ ... }) do
-    table.insert(counted, key)
-    if key ~= H then
-      table.insert(counted, key)
-    end
+-- that fairlock never writes (H .. '~'): that fails exactly where the node does not serve the
+-- slot or is migrating it away, so the script refuses before any write. `extend` needs no
+-- probe: it touches only H, which its first command checks.
+-- The keys a script may touch that are usually absent when it is called (the queue keys,
+-- and H when `with_hold`: an uncontended acquire has no hold, a lock without waiters no queue
+-- keys) are counted in the same EXISTS, H once and every other key twice, H .. '~' too (a key
+-- there, someone else's, must not read as the hold being absent): the count's parity tells
+-- whether H exists, and its half whether any queue key does. A key known absent needs no
+-- TYPE. Those present are checked by their reads before the first write: H by read_hold,
+-- the queue keys by read_front, which reads the front of the queue.
+local function probe_slot(with_hold)
+  local probe = H .. '~'
+  local reply
+  if with_hold then
+    reply = redis.pcall('EXISTS', probe, probe, H, Q, Q, Z, Z, W, W)
+  else
+    reply = redis.pcall('EXISTS', probe, probe, Q, Q, Z, Z, W, W)
   end
-  local reply = redis.pcall('EXISTS', unpack(counted))
   local refused = cluster_refusal(reply)
   if refused then
     return refused
   end
-  local others = math.floor(reply / 2)
-  local to_check, queue = {}, false
-  for _, key in ipairs({ ... }) do
-    if key == H then
-      if reply % 2 == 0 then
-        present[H] = false
-      end
-    elseif others == 0 then
-      present[key] = false
-    elseif key == Q then
-      queue = true
-    elseif key ~= Z and key ~= W then
-      table.insert(to_check, key)
-    end
+  if with_hold and reply % 2 == 0 then
+    present[H] = false
   end
-  return check_types(unpack(to_check)) or (queue and read_front()) or nil
+  if reply < 2 then
+    present[Q], present[Z], present[W] = false, false, false
+    return nil
+  end
+  return read_front()
 end
 
 -- HMGET of `key`'s fields through pcall, so that the read is also the key's type check: the

@@ -11,7 +11,7 @@
 local owner, token, attempt = ARGV[1], ARGV[2], ARGV[3]
 horizon_ms = tonumber(ARGV[4])
 
-local problem = probe_slot(Q, Z, W) or check_types(X)
+local problem = probe_slot(false) or check_types(X)
 if problem then
   return problem
 end
