@@ -829,8 +829,9 @@ local function hand_over(last_token)
     -- No queue when the script started, and the scripts that hand over never add to it.
     return
   end
-  -- No eviction here (joins, heartbeats and abandons do it): only the dead in front of the
-  -- head matter to a hand-over, and head() clears those.
+  -- No eviction here (every acquire that finds a queue does it, so the live waiters'
+  -- heartbeats do): only the dead in front of the head matter to a hand-over, and head()
+  -- clears those.
   local ticket, ttl, attempt, owner, waker = head()
   if not ticket then
     if head_unknown and live_waiters() > 0 then

@@ -449,7 +449,8 @@ async fn joins_and_heartbeats_on_a_short_queue_read_nothing_twice() {
     // The head's heartbeat: the front, ZRANGEBYSCORE Z, ZADD Z, the three PEXPIREATs.
     // The other's heartbeat: the front, ZRANGEBYSCORE Z, HGET W and ZSCORE Z (its entry), ZADD
     // Z, HSET W (its record), the three PEXPIREATs.
-    // (21, 24, 20 and 20 before: ZRANGE Q, TYPE Z and TYPE W in the first join; ZRANGE Q for
+    // (21, 24, 20 and 20 before: ZRANGE Q, TYPE Z, TYPE W and ZRANGE Z in the first join (Z is
+    // known absent now, so its own deadline is the latest); ZRANGE Q for
     // the last ticket and ZRANGE Z for the latest deadline in the second; the head's own entry
     // and record, and ZRANGE Z, in the heartbeats.)
     assert_eq!(
