@@ -734,48 +734,38 @@ async fn queue_keys_and_fence_outlive_the_latest_waiter() {
     // Short enough to tell apart, long enough that no waiter dies on a slow machine.
     const SHORT: u64 = 10_000;
     const LONG: u64 = 600_000;
-    // Milliseconds `key` has left, at least this much under `LONG`.
+    // `key` has at least this much under `LONG` left.
     let outlives_long = |key: &str, what: &str| {
         let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
         assert!(ttl > 590_000, "{what}: {key} expires in {ttl} ms");
     };
+    let queue_outlives_long = |lock: &LockName, what: &str| {
+        for suffix in ["q", "z", "w"] {
+            outlives_long(&key(lock, suffix), what);
+        }
+    };
+    let waiter =
+        |lock: &LockName, who: &str, ttl: u64| with_ttl(request(lock, &owner(who), true), ttl);
+
     // The long-lived waiter first, then a short-lived one joins and heartbeats behind it.
     let lock = name();
-    let holding = request(&lock, &owner("holder"), true);
-    granted(&backend, &holding).await;
-    queued(
-        &backend,
-        &with_ttl(request(&lock, &owner("long"), true), LONG),
-    )
-    .await;
-    let short = with_ttl(request(&lock, &owner("short"), true), SHORT);
+    granted(&backend, &request(&lock, &owner("holder"), true)).await;
+    queued(&backend, &waiter(&lock, "long", LONG)).await;
+    let short = waiter(&lock, "short", SHORT);
     queued(&backend, &short).await;
-    for suffix in ["q", "z", "w"] {
-        outlives_long(&key(&lock, suffix), "a short join behind a long waiter");
-    }
+    queue_outlives_long(&lock, "a short join behind a long waiter");
     queued(&backend, &short).await;
-    for suffix in ["q", "z", "w"] {
-        outlives_long(
-            &key(&lock, suffix),
-            "a short heartbeat behind a long waiter",
-        );
-    }
+    queue_outlives_long(&lock, "a short heartbeat behind a long waiter");
 
     // The short-lived waiter first: its heartbeat as the head, then the hand-over to it.
     let lock = name();
     let holding = request(&lock, &owner("holder"), true);
     let grant = granted(&backend, &holding).await;
-    let short = with_ttl(request(&lock, &owner("short"), true), SHORT);
+    let short = waiter(&lock, "short", SHORT);
     queued(&backend, &short).await;
-    queued(
-        &backend,
-        &with_ttl(request(&lock, &owner("long"), true), LONG),
-    )
-    .await;
+    queued(&backend, &waiter(&lock, "long", LONG)).await;
     queued(&backend, &short).await;
-    for suffix in ["q", "z", "w"] {
-        outlives_long(&key(&lock, suffix), "the short head's heartbeat");
-    }
+    queue_outlives_long(&lock, "the short head's heartbeat");
     release(&backend, &holding, grant.token).await;
     assert_eq!(
         backend.inspect(&lock).await.unwrap().holder.unwrap().owner,
@@ -787,21 +777,14 @@ async fn queue_keys_and_fence_outlive_the_latest_waiter() {
     // it, out of sight of the head's heartbeat.
     let lock = name();
     granted(&backend, &request(&lock, &owner("holder"), true)).await;
-    let head = with_ttl(request(&lock, &owner("head"), true), SHORT);
+    let head = waiter(&lock, "head", SHORT);
     queued(&backend, &head).await;
     for i in 0..8 {
-        let short = with_ttl(request(&lock, &owner(&format!("short{i}")), true), SHORT);
-        queued(&backend, &short).await;
+        queued(&backend, &waiter(&lock, &format!("short{i}"), SHORT)).await;
     }
-    queued(
-        &backend,
-        &with_ttl(request(&lock, &owner("long"), true), LONG),
-    )
-    .await;
+    queued(&backend, &waiter(&lock, "long", LONG)).await;
     queued(&backend, &head).await;
-    for suffix in ["q", "z", "w"] {
-        outlives_long(&key(&lock, suffix), "the head's heartbeat in a long queue");
-    }
+    queue_outlives_long(&lock, "the head's heartbeat in a long queue");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
