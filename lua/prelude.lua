@@ -786,23 +786,30 @@ local function live_waiters()
   return redis.call('ZCOUNT', Z, '(' .. int(now_ms), '+inf')
 end
 
+-- The latest waiter deadline in Z: as saw_queue noted it, 0 if Z was absent when the call
+-- began, else read (through pcall: keep_fence is best effort); nil if none is known.
+local function latest_waiter_deadline()
+  if queue_latest then
+    return queue_latest
+  end
+  if present[Z] == false then
+    return 0
+  end
+  local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
+  if type(last) == 'table' and not last.err and last[2] then
+    return tonumber(last[2])
+  end
+  return nil
+end
+
 -- Queue keys disappear by themselves when the last waiter's deadline passes. `own` is the
--- deadline this call just gave its waiter; the others' latest is read unless this call saw
--- all of them (saw_queue), or there were none (Z absent when the call began).
+-- deadline this call just gave its waiter.
 local function expire_queue_keys(own)
-  local latest = queue_latest or (present[Z] == false and 0)
-  if latest then
-    latest = math.max(latest, own)
-  else
-    latest = tonumber(redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')[2])
-  end
-  if latest then
-    latest_deadline = latest
-    local at = int(latest_deadline)
-    redis.call('PEXPIREAT', Q, at)
-    redis.call('PEXPIREAT', Z, at)
-    redis.call('PEXPIREAT', W, at)
-  end
+  latest_deadline = math.max(latest_waiter_deadline() or 0, own)
+  local at = int(latest_deadline)
+  redis.call('PEXPIREAT', Q, at)
+  redis.call('PEXPIREAT', Z, at)
+  redis.call('PEXPIREAT', W, at)
 end
 
 -- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
@@ -883,19 +890,11 @@ local function keep_fence()
   if grant_record then
     live = math.max(live, grant_until - now_ms)
   end
-  -- The last waiter's deadline: as this call read it or saw it (only a join adds one, and a
-  -- join sets latest_deadline), none if there was no queue when the call began, else as stored.
-  if latest_deadline then
-    live = math.max(live, latest_deadline - now_ms)
-  elseif queue_gone or present[Z] == false then
-    -- No waiter left.
-  elseif queue_latest then
-    live = math.max(live, queue_latest - now_ms)
-  else
-    local last = redis.pcall('ZRANGE', Z, -1, -1, 'WITHSCORES')
-    if type(last) == 'table' and not last.err and last[2] then
-      live = math.max(live, tonumber(last[2]) - now_ms)
-    end
+  -- The last waiter's deadline: as a join of this call set it (only a join adds one), else as
+  -- known or stored (latest_waiter_deadline), none once tidy() deleted the queue keys.
+  local last = latest_deadline or (not queue_gone and latest_waiter_deadline())
+  if last then
+    live = math.max(live, last - now_ms)
   end
   redis.call('PEXPIRE', F, int(live + margin))
 end
