@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fairlock::BoxError;
-use fred::prelude::{ClientLike, LuaInterface};
+use fred::prelude::{Client, ClientLike, LuaInterface};
 
 use crate::bench::{Bench, Limit};
 use crate::report::{Figure, Section};
@@ -13,27 +13,72 @@ use crate::stats::Samples;
 /// As the processes section's workers hold the lock.
 const HOLD: Duration = Duration::from_millis(1);
 
+/// Round trips of `EVALSHA` of `return 1` from one fred client on one connection: the
+/// denominator of every ratio target. Sections whose figure has such a target also measure it
+/// next to their own samples, since the machine's speed drifts within a run (by a quarter
+/// between sections of one run, at times): a ratio of two figures taken minutes apart
+/// measures the drift as much as the library.
+pub(crate) struct RoundTrips {
+    client: Client,
+    sha: String,
+}
+
+impl RoundTrips {
+    pub(crate) async fn new(bench: &Bench) -> Result<Self, BoxError> {
+        let client = bench.fred_client().await?;
+        let sha: String = client.script_load("return 1").await?;
+        Ok(RoundTrips { client, sha })
+    }
+
+    /// One round trip, timed.
+    pub(crate) async fn one(&self) -> Result<Duration, BoxError> {
+        let started = Instant::now();
+        let one: i64 = self
+            .client
+            .evalsha(
+                self.sha.as_str(),
+                Vec::<String>::new(),
+                Vec::<String>::new(),
+            )
+            .await?;
+        let elapsed = started.elapsed();
+        if one != 1 {
+            return Err(format!("EVALSHA of `return 1` returned {one}").into());
+        }
+        Ok(elapsed)
+    }
+
+    /// `rounds` round trips, back to back, into `samples`.
+    pub(crate) async fn sample(
+        &self,
+        rounds: usize,
+        samples: &mut Samples,
+    ) -> Result<(), BoxError> {
+        for _ in 0..rounds {
+            samples.push(self.one().await?);
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn close(self) {
+        let _ = self.client.quit().await;
+    }
+}
+
 pub(crate) async fn run(bench: &Bench) -> Result<(Limit, Section), BoxError> {
-    let client = bench.fred_client().await?;
-    let sha: String = client.script_load("return 1").await?;
+    let trips = RoundTrips::new(bench).await?;
     let rounds = bench.scale(5_000, 500);
     let mut ping = Samples::with_capacity(rounds);
     let mut evalsha = Samples::with_capacity(rounds);
     // Interleaved, so both see the same conditions; the first rounds warm up.
     for round in 0..rounds + 200 {
         let started = Instant::now();
-        let _: String = client.ping(None).await?;
-        let pinged = Instant::now();
-        let one: i64 = client
-            .evalsha(sha.as_str(), Vec::<String>::new(), Vec::<String>::new())
-            .await?;
-        let done = Instant::now();
-        if one != 1 {
-            return Err(format!("EVALSHA of `return 1` returned {one}").into());
-        }
+        let _: String = trips.client.ping(None).await?;
+        let pinged = started.elapsed();
+        let evalshaed = trips.one().await?;
         if round >= 200 {
-            ping.push(pinged - started);
-            evalsha.push(done - pinged);
+            ping.push(pinged);
+            evalsha.push(evalshaed);
         }
     }
     // The same call after 1 ms of spinning, as a hand-over's release comes after a worker's
@@ -43,13 +88,9 @@ pub(crate) async fn run(bench: &Bench) -> Result<(Limit, Section), BoxError> {
     let mut after_hold = Samples::with_capacity(idle_rounds);
     for _ in 0..idle_rounds {
         crate::worker::hold_for(HOLD).await;
-        let started = Instant::now();
-        let _: i64 = client
-            .evalsha(sha.as_str(), Vec::<String>::new(), Vec::<String>::new())
-            .await?;
-        after_hold.push(started.elapsed());
+        after_hold.push(trips.one().await?);
     }
-    let _ = client.quit().await;
+    trips.close().await;
 
     let limit = Limit {
         evalsha: evalsha.median(),
