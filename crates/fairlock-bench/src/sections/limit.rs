@@ -14,10 +14,10 @@ use crate::stats::Samples;
 const HOLD: Duration = Duration::from_millis(1);
 
 /// Round trips of `EVALSHA` of `return 1` from one fred client on one connection: the
-/// denominator of every ratio target. Sections whose figure has such a target also measure it
-/// next to their own samples, since the machine's speed drifts within a run (by a quarter
-/// between sections of one run, at times): a ratio of two figures taken minutes apart
-/// measures the drift as much as the library.
+/// denominator of the ratio targets. The machine's speed drifts within a run, at times by a
+/// quarter between sections, so section 2 also measures these in blocks between its own
+/// (see docs/performance.md, *Stop 30*). The hand-over sections keep section 1's: round
+/// trips made just before and after their workers ran did not follow the drift better.
 pub(crate) struct RoundTrips {
     client: Client,
     sha: String,

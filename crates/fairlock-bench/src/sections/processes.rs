@@ -13,7 +13,6 @@ use fairlock::BoxError;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use super::limit::RoundTrips;
 use crate::bench::Bench;
 use crate::clock::EpochClock;
 use crate::report::{Figure, Section};
@@ -51,8 +50,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
          settings, fixed lease {} ms) loop acquire / hold {HOLD_US} µs / release on one lock for \
          {duration:?} from a common start; gap = t_acq(next) - t_rel_start(previous) for each \
          hold taken by a different worker that was already waiting; hold = t_rel_start - t_acq \
-         as the workers measured it; the ratio target's EVALSHA round trips are made as \
-         section 1 makes them, just before and just after the workers run",
+         as the workers measured it",
         10_000
     ));
     Ok(section)
@@ -64,13 +62,6 @@ async fn measure(
     workers: usize,
     duration: Duration,
 ) -> Result<(), BoxError> {
-    // The round trip the ratio target counts in: measured just before and just after the
-    // workers run (see RoundTrips), while nothing else runs.
-    let trips = RoundTrips::new(bench).await?;
-    let trip_rounds = bench.scale(1_000, 200);
-    let mut evalsha = Samples::with_capacity(2 * trip_rounds);
-    trips.sample(100, &mut Samples::with_capacity(100)).await?;
-    trips.sample(trip_rounds, &mut evalsha).await?;
     let clock = EpochClock::new();
     let start_ns = clock.now_ns() + START_DELAY.as_nanos();
     let deadline_ns = start_ns + duration.as_nanos();
@@ -140,8 +131,6 @@ async fn measure(
     holds.sort_by_key(|line| line.t_acq);
     // Includes each worker's warm-up (two calls) and the calls of its last, cut-off wait.
     let scripts = bench.script_stats().await?.0 - scripts_before;
-    trips.sample(trip_rounds, &mut evalsha).await?;
-    trips.close().await;
 
     let mut gaps = Samples::with_capacity(holds.len());
     let mut stages = Stages::default();
@@ -173,29 +162,20 @@ async fn measure(
     let per_second = holds.len() as f64 / nanos(span).as_secs_f64().max(1e-9);
     let jain = jain_index(&per_worker);
     let gap_p50 = gaps.median();
-    let ratio = super::support::ratio(gap_p50, evalsha.median());
+    let ratio = super::support::ratio(gap_p50, bench.limit.evalsha);
 
     section.push(Figure::micros(
         format!("{workers} processes: hand-over gap p50"),
         gap_p50,
     ));
-    section.push(Figure::micros(
-        format!("{workers} processes: EVALSHA `return 1` round trip p50, before and after"),
-        evalsha.median(),
-    ));
     section.push(
         Figure::new(
-            format!("{workers} processes: hand-over gap p50 / EVALSHA p50 (before and after)"),
+            format!("{workers} processes: hand-over gap p50 / EVALSHA p50"),
             ratio,
             "x",
         )
         .target("<= 3x", ratio <= 3.0),
     );
-    section.push(Figure::new(
-        format!("{workers} processes: hand-over gap p50 / section 1's EVALSHA p50"),
-        super::support::ratio(gap_p50, bench.limit.evalsha),
-        "x",
-    ));
     section.push(Figure::new(
         format!("{workers} processes: hand-over gap p50 / EVALSHA p50 after a 1 ms hold"),
         super::support::ratio(gap_p50, bench.limit.evalsha_after_hold),
