@@ -49,6 +49,26 @@ fn quick_uncontended_section_reports_markdown_and_json() {
         .map(|section| section["key"].as_str().unwrap())
         .collect();
     assert_eq!(keys, ["limit", "uncontended"]);
+
+    // The ratio target counts in the round trips measured in section 2's own blocks, not
+    // section 1's (the machine drifts between sections).
+    let figures = json["sections"][1]["figures"].as_array().unwrap();
+    let value = |name: &str| {
+        let figure = figures
+            .iter()
+            .find(|figure| figure["name"] == name)
+            .unwrap_or_else(|| panic!("no figure {name:?}: {figures:?}"));
+        (figure["value"].as_f64().unwrap(), figure)
+    };
+    let (acquire, _) = value("`lock()` acquire p50");
+    let (beside, _) = value("EVALSHA `return 1` round trip p50, in blocks between these");
+    let (ratio, target) = value("`lock()` acquire p50 / EVALSHA p50 (in blocks between these)");
+    assert!(beside > 0.0, "{beside}");
+    assert!(
+        (ratio - acquire / beside).abs() < 1e-3 * ratio,
+        "{ratio} vs {acquire} / {beside}"
+    );
+    assert_eq!(target["target"], "<= 1.5x");
     let _ = std::fs::remove_dir_all(&out);
 }
 
