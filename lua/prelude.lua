@@ -90,7 +90,7 @@ local latest_deadline
 -- latest deadline (0 for an empty queue), or nil. Removals since only lower either, so they
 -- stay upper bounds, which is all their readers need.
 local queue_last, queue_latest
--- Set when tidy() deleted the queue keys: nothing of them is left to read.
+-- Set when this call deleted the queue keys (drop_queue): nothing of them is left to read.
 local queue_gone
 -- What head() learned, so that tidy() need not count live waiters: how many tickets Q holds,
 -- once head() saw all of them (nil: not known), kept up to date by this call's changes; and
@@ -812,19 +812,26 @@ local function expire_queue_keys(own)
   redis.call('PEXPIREAT', W, at)
 end
 
--- Nothing left behind: without live waiters, the queue keys go, dead entries and all (UNLINK
--- frees a large key off the main thread, so this stays O(1) here). What head() learned
--- spares the count: a live waiter it saw is still there, or Q is empty (a live waiter is
--- always in Q: every call changes Q and Z together, and the keys are never evicted apart,
--- since the server must not evict; see docs/redis.md, "Eviction").
+-- Deletes the queue keys whole, dead entries and all (UNLINK frees a large key off the main
+-- thread, so this stays O(1) here).
+local function drop_queue()
+  redis.call('UNLINK', Q, Z, W)
+  queue_touched = true
+  queue_gone = true
+  queue_left = 0
+  front = nil
+end
+
+-- Nothing left behind: without live waiters, the queue keys go (unless this call deleted them
+-- already). What head() learned spares the count: a live waiter it saw is still there, or Q
+-- is empty (a live waiter is always in Q: every call changes Q and Z together, and the keys
+-- are never evicted apart, since the server must not evict; see docs/redis.md, "Eviction").
 local function tidy()
-  if not queue_touched or other_live then
+  if not queue_touched or other_live or queue_gone then
     return
   end
   if queue_left == 0 or live_waiters() == 0 then
-    redis.call('UNLINK', Q, Z, W)
-    queue_gone = true
-    front = nil
+    drop_queue()
   end
 end
 
@@ -849,8 +856,14 @@ local function hand_over(last_token)
     end
     return
   end
-  -- A live ticket's record names its attempt, whose "@" entry points back at it.
-  forget(ticket, attempt)
+  if queue_left == 1 then
+    -- The grantee's entry is all of Q (head() read it whole): the queue keys go at once,
+    -- as tidy() would delete them after the entry's removal field by field.
+    drop_queue()
+  else
+    -- A live ticket's record names its attempt, whose "@" entry points back at it.
+    forget(ticket, attempt)
+  end
   local token = next_token(last_token)
   local until_ms = int(now_ms + ttl)
   -- The grantee is spent: F records it with the token, as for a grant of the free lock (and
@@ -891,7 +904,7 @@ local function keep_fence()
     live = math.max(live, grant_until - now_ms)
   end
   -- The last waiter's deadline: as a join of this call set it (only a join adds one), else as
-  -- known or stored (latest_waiter_deadline), none once tidy() deleted the queue keys.
+  -- known or stored (latest_waiter_deadline), none once this call deleted the queue keys.
   local last = latest_deadline or (not queue_gone and latest_waiter_deadline())
   if last then
     live = math.max(live, last - now_ms)

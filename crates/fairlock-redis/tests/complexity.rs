@@ -396,16 +396,17 @@ async fn a_hand_over_counts_no_waiters_it_has_seen() {
         assert!(state.holder.is_some_and(|h| !h.confirmed), "handed over");
         // EXISTS (probe), TIME, TYPE X; the front of the queue, read before the first write, so
         // also the type checks of Q, Z and W (ZRANGE Q, ZMSCORE Z, HMGET W); HMGET H and F, DEL
-        // H; the head's entry (ZREM Z, ZREM Q, HDEL W); the new hold (HSET F with the grantee's
-        // spent record, HSET H, PEXPIREAT H), SPUBLISH; the releaser's spent record (ZADD X,
-        // PEXPIREAT X: X is new); PEXPIRE F, which outlives the last deadline the front showed
-        // (the whole queue). With one waiter the queue keys go too (UNLINK). And the call
-        // itself. (22 before the hand-over stopped evicting and the front's deadlines stood
-        // for Z's latest; 26 before the front was read in place of a TYPE of each queue key,
-        // and the grantee's record went to F.)
+        // H; the head's entry (ZREM Z, ZREM Q, HDEL W), or, when it was the only one, the
+        // queue keys whole (UNLINK); the new hold (HSET F with the grantee's spent record,
+        // HSET H, PEXPIREAT H), SPUBLISH; the releaser's spent record (ZADD X, PEXPIREAT X: X
+        // is new); PEXPIRE F, which outlives the last deadline the front showed (the whole
+        // queue). And the call itself. (With one waiter, 21 while its entry was removed
+        // field by field before the keys went; 22 before the hand-over stopped evicting and
+        // the front's deadlines stood for Z's latest; 26 before the front was read in place of
+        // a TYPE of each queue key, and the grantee's record went to F.)
         assert_eq!(
             release,
-            if waiters == 1 { 21 } else { 20 },
+            if waiters == 1 { 18 } else { 20 },
             "commands of a release handing over, {waiters} waiting"
         );
     }
