@@ -8,9 +8,9 @@
 //!   process crashed); one live waiter joins behind them; then the holder releases and the live
 //!   waiter asks until it holds, as its wake-up makes it.
 //!
-//! Script time is read from `SLOWLOG`, which Redis fills with whole `EVALSHA` calls (the
-//! commands a script runs are not logged apart). During the churn the threshold is 100 µs (so
-//! the log never overflows); around the hand-overs it is 0, so every call is timed.
+//! Script time is read from `SLOWLOG`, which logs whole script calls (`FCALL` on Redis 7, where
+//! the scripts run as functions; `EVALSHA` on 6.2). During the churn the threshold is 100 µs
+//! (so the log never overflows); around the hand-overs it is 0, so every call is timed.
 //!
 //! Redis 7 also logs each command a script runs. Every such command here costs O(log n) at most
 //! (`crates/fairlock-redis/tests/complexity.rs` bounds how many a call runs), so when one of
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId};
 use fairlock::{BoxError, LockBackend, LockClient, LockName, Owner};
-use fred::prelude::ClientLike;
+use fred::prelude::{Client, ClientLike};
 use fred::types::{CustomCommand, Value};
 use futures::{StreamExt, TryStreamExt};
 
@@ -154,7 +154,7 @@ async fn join_and_leave(
     let head = request(&name, "head", LONG)?;
     queued(backend, &head).await?;
 
-    slowlog_reset(bench, CHURN_THRESHOLD_US).await?;
+    slowlog_reset(&bench.admin, CHURN_THRESHOLD_US).await?;
     let started = Instant::now();
     futures::stream::iter(0..leavers)
         .map(|i| {
@@ -172,9 +172,9 @@ async fn join_and_leave(
     let churn_took = started.elapsed();
     let last = request(&name, "last", LONG)?;
     queued(backend, &last).await?;
-    let (churn_slow, churn_inner) = slowlog_durations(bench).await?;
+    let (churn_slow, churn_inner) = slowlog_durations(&bench.admin).await?;
 
-    slowlog_reset(bench, 0).await?;
+    slowlog_reset(&bench.admin, 0).await?;
     let served_from = Instant::now();
     backend
         .release(&name, &holder.owner, token, holder.attempt)
@@ -185,7 +185,8 @@ async fn join_and_leave(
         .await?;
     let last_token = granted(backend, &last).await?;
     let served = served_from.elapsed();
-    let (timed, timed_inner) = slowlog_durations(bench).await?;
+    let (timed, timed_inner) = slowlog_durations(&bench.admin).await?;
+    every_call_logged(&timed, 4)?;
     backend
         .release(&name, &last.owner, last_token, last.attempt)
         .await?;
@@ -211,7 +212,7 @@ async fn simultaneous_deaths(
     // Long enough to queue them all, so they die together afterwards.
     let ttl = bench.scale(Duration::from_secs(30), Duration::from_secs(8));
 
-    slowlog_reset(bench, CHURN_THRESHOLD_US).await?;
+    slowlog_reset(&bench.admin, CHURN_THRESHOLD_US).await?;
     let started = Instant::now();
     futures::stream::iter(0..deaths)
         .map(|i| {
@@ -230,9 +231,9 @@ async fn simultaneous_deaths(
     let survivor = request(&name, "survivor", LONG)?;
     queued(backend, &survivor).await?;
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-    let (churn_slow, churn_inner) = slowlog_durations(bench).await?;
+    let (churn_slow, churn_inner) = slowlog_durations(&bench.admin).await?;
 
-    slowlog_reset(bench, 0).await?;
+    slowlog_reset(&bench.admin, 0).await?;
     let served_from = Instant::now();
     backend
         .release(&name, &holder.owner, token, holder.attempt)
@@ -247,7 +248,8 @@ async fn simultaneous_deaths(
         }
     };
     let served = served_from.elapsed();
-    let (timed, timed_inner) = slowlog_durations(bench).await?;
+    let (timed, timed_inner) = slowlog_durations(&bench.admin).await?;
+    every_call_logged(&timed, calls)?;
     backend
         .release(&name, &survivor.owner, survivor_token, survivor.attempt)
         .await?;
@@ -260,6 +262,19 @@ async fn simultaneous_deaths(
         served,
         calls,
     })
+}
+
+/// With the threshold at 0 the slow log has every call made meanwhile: fewer means the
+/// figures would miss some (as they missed all of them while only `EVALSHA` was counted).
+fn every_call_logged(timed: &[u64], calls: usize) -> Result<(), BoxError> {
+    if timed.len() < calls {
+        return Err(format!(
+            "the slow log shows {} script calls of the {calls} made with its threshold at 0",
+            timed.len()
+        )
+        .into());
+    }
+    Ok(())
 }
 
 fn over_1ms(churn: &[u64], timed: &[u64]) -> usize {
@@ -316,24 +331,21 @@ async fn idle_names_left(bench: &Bench, names: usize) -> Result<(usize, Duration
 }
 
 /// Empties the slow log and logs calls from `threshold_us` on.
-async fn slowlog_reset(bench: &Bench, threshold_us: u64) -> Result<(), BoxError> {
+async fn slowlog_reset(admin: &Client, threshold_us: u64) -> Result<(), BoxError> {
     let threshold = threshold_us.to_string();
-    let _: Value = bench
-        .admin
+    let _: Value = admin
         .custom(
             CustomCommand::new_static("CONFIG", None::<u16>, false),
             vec!["SET", "slowlog-log-slower-than", threshold.as_str()],
         )
         .await?;
-    let _: Value = bench
-        .admin
+    let _: Value = admin
         .custom(
             CustomCommand::new_static("CONFIG", None::<u16>, false),
             vec!["SET", "slowlog-max-len", "100000"],
         )
         .await?;
-    let _: Value = bench
-        .admin
+    let _: Value = admin
         .custom(
             CustomCommand::new_static("SLOWLOG", None::<u16>, false),
             vec!["RESET"],
@@ -343,25 +355,38 @@ async fn slowlog_reset(bench: &Bench, threshold_us: u64) -> Result<(), BoxError>
 }
 
 /// The durations (µs) of the script calls in the slow log, and of the slowest command run
-/// inside a script (every other entry: the bench sends nothing else meanwhile).
-async fn slowlog_durations(bench: &Bench) -> Result<(Vec<u64>, u64), BoxError> {
-    let mut scripts = Vec::new();
-    let mut slowest_inner = 0;
-    for (command, us) in slowlog_entries(bench).await? {
-        if command.starts_with("EVAL") {
-            scripts.push(us);
-        } else {
-            slowest_inner = slowest_inner.max(us);
-        }
-    }
-    Ok((scripts, slowest_inner))
+/// inside a script (the bench sends nothing else meanwhile but its `SLOWLOG` and `CONFIG`).
+async fn slowlog_durations(admin: &Client) -> Result<(Vec<u64>, u64), BoxError> {
+    let (scripts, inner) = split_scripts(slowlog_entries(admin).await?);
+    Ok((scripts, inner.into_iter().max().unwrap_or(0)))
+}
+
+/// Splits slow-log entries into the durations of whole script calls and of the commands run
+/// inside them. The bench's own `SLOWLOG` and `CONFIG` calls are left out: a `SLOWLOG RESET`
+/// is logged once done, and freeing a long log takes milliseconds.
+fn split_scripts(entries: Vec<(String, u64)>) -> (Vec<u64>, Vec<u64>) {
+    let (scripts, inner): (Vec<_>, Vec<_>) = entries
+        .into_iter()
+        .filter(|(command, _)| !matches!(command.as_str(), "SLOWLOG" | "CONFIG"))
+        .partition(|(command, _)| is_script_call(command));
+    let durations = |entries: Vec<(String, u64)>| entries.into_iter().map(|(_, us)| us).collect();
+    (durations(scripts), durations(inner))
+}
+
+/// A call of a script or function, as the slow log names it (upper case). The backend calls
+/// `FCALL` on Redis 7 and `EVALSHA` on 6.2; a check of `EVAL*` alone read every call on Redis 7
+/// as a command inside a script, and the slowest call as 0 µs.
+fn is_script_call(command: &str) -> bool {
+    matches!(
+        command,
+        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "FCALL" | "FCALL_RO"
+    )
 }
 
 /// Every entry of the slow log as (command, duration in µs); then sets the threshold back to
 /// 10 ms.
-async fn slowlog_entries(bench: &Bench) -> Result<Vec<(String, u64)>, BoxError> {
-    let entries: Vec<Value> = bench
-        .admin
+async fn slowlog_entries(admin: &Client) -> Result<Vec<(String, u64)>, BoxError> {
+    let entries: Vec<Value> = admin
         .custom(
             CustomCommand::new_static("SLOWLOG", None::<u16>, false),
             vec!["GET", "-1"],
@@ -388,12 +413,83 @@ async fn slowlog_entries(bench: &Bench) -> Result<Vec<(String, u64)>, BoxError> 
         };
         timed.push((command, duration));
     }
-    let _: Value = bench
-        .admin
+    let _: Value = admin
         .custom(
             CustomCommand::new_static("CONFIG", None::<u16>, false),
             vec!["SET", "slowlog-log-slower-than", "10000"],
         )
         .await?;
     Ok(timed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use fairlock::backend::AcquireOutcome;
+    use fairlock_testsupport::RedisServer;
+    use fred::prelude::{Builder, Config as RedisConfig};
+
+    #[test]
+    fn every_kind_of_script_call_counts_as_one() {
+        let entries = [
+            ("FCALL", 40),
+            ("HSET", 3),
+            ("EVALSHA", 50),
+            ("FCALL_RO", 20),
+            ("EVAL", 30),
+            ("TIME", 1),
+            ("SLOWLOG", 400),
+            ("CONFIG", 2),
+        ];
+        let (scripts, inner) = split_scripts(
+            entries
+                .iter()
+                .map(|(command, us)| (command.to_string(), *us))
+                .collect(),
+        );
+        assert_eq!((scripts, inner), (vec![40, 50, 20, 30], vec![3, 1]));
+    }
+
+    /// The backend's calls, as the slow log of a real server shows them: each is one script
+    /// call, and the commands it ran are logged apart.
+    #[tokio::test]
+    async fn the_slow_log_shows_each_backend_call_as_a_script_call() {
+        fairlock_testsupport::require_redis();
+        let server = RedisServer::start().unwrap();
+        let admin = Builder::from_config(RedisConfig::from_url(&server.url()).unwrap())
+            .build()
+            .unwrap();
+        admin.init().await.unwrap();
+        let backend = connect::backend(&server.url(), connect::Options::default())
+            .await
+            .unwrap();
+        let name = LockName::new("slowlog").unwrap();
+        let holder = request(&name, "holder", LONG).unwrap();
+        // Loads the scripts, which the slow log would show too.
+        let token = granted(backend.as_ref(), &holder).await.unwrap();
+        backend
+            .release(&name, &holder.owner, token, holder.attempt)
+            .await
+            .unwrap();
+
+        slowlog_reset(&admin, 0).await.unwrap();
+        let next = request(&name, "next", LONG).unwrap();
+        let outcome = backend.acquire(&next).await.unwrap();
+        let AcquireOutcome::Granted(grant) = outcome else {
+            panic!("{outcome:?}");
+        };
+        backend
+            .release(&name, &next.owner, grant.token, next.attempt)
+            .await
+            .unwrap();
+        let entries = slowlog_entries(&admin).await.unwrap();
+        // The grant's write, run inside the acquire.
+        assert!(
+            entries.iter().any(|(command, _)| command == "HSET"),
+            "{entries:?}"
+        );
+        let (scripts, _) = split_scripts(entries.clone());
+        assert_eq!(scripts.len(), 2, "{entries:?}");
+    }
 }
