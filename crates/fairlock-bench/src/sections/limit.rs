@@ -16,7 +16,7 @@ const HOLD: Duration = Duration::from_millis(1);
 /// Round trips of `EVALSHA` of `return 1` from one fred client on one connection: the
 /// denominator of the ratio targets. The machine's speed drifts within a run, at times by a
 /// quarter between sections, so section 2 also measures these in blocks between its own
-/// (see docs/performance.md, *Stop 30*). The hand-over sections keep section 1's: round
+/// (see docs/performance-history.md, *Stop 30*). The hand-over sections keep section 1's: round
 /// trips made just before and after their workers ran did not follow the drift better.
 pub(crate) struct RoundTrips {
     client: Client,
