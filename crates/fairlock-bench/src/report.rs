@@ -50,6 +50,15 @@ impl Figure {
             format!("{v:.0}")
         } else if v.abs() >= 10.0 {
             format!("{v:.1}")
+        } else if v.abs() >= 0.01 && self.pass == Some(false) {
+            // Enough digits that a miss does not read as meeting its target (a Jain index of
+            // 0.9985 against >= 0.999 is not "1.00").
+            let mut digits = format!("{v:.4}");
+            while digits.ends_with('0') && digits.len() > digits.find('.').map_or(0, |dot| dot + 3)
+            {
+                digits.pop();
+            }
+            digits
         } else if v.abs() >= 0.01 {
             format!("{v:.2}")
         } else {
@@ -210,4 +219,22 @@ pub(crate) fn target_dir() -> PathBuf {
         }
     }
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missed_target_shows_the_digits_that_miss_it() {
+        let jain = Figure::new("Jain's index", 0.9985, "").target(">= 0.999", false);
+        assert_eq!(jain.display_value(), "0.9985");
+        let ratio = Figure::new("ratio", 1.504, "x").target("<= 1.5x", false);
+        assert_eq!(ratio.display_value(), "1.504 x");
+        let plain = Figure::new("ratio", 1.53, "x").target("<= 1.5x", false);
+        assert_eq!(plain.display_value(), "1.53 x");
+        let met = Figure::new("ratio", 1.4996, "x").target("<= 1.5x", true);
+        assert_eq!(met.display_value(), "1.50 x");
+        assert_eq!(Figure::new("x", 0.9985, "").display_value(), "1.00");
+    }
 }

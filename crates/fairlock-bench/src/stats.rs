@@ -29,6 +29,11 @@ impl Samples {
         self.nanos.len()
     }
 
+    /// No samples: every percentile reads zero, which must not pass a latency target.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.nanos.is_empty()
+    }
+
     /// The `p`-th percentile (0..=100), nearest rank; zero when empty.
     pub(crate) fn percentile(&self, p: f64) -> Duration {
         if self.nanos.is_empty() {

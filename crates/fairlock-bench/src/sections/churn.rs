@@ -71,11 +71,14 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         join_and_leave.calls_over_1ms as f64,
         "",
     ));
+    let (floor_command, floor_us) = [&join_and_leave.slowest_inner, &deaths_run.slowest_inner]
+        .into_iter()
+        .max_by_key(|(_, us)| *us)
+        .cloned()
+        .unwrap_or_default();
     section.push(Figure::new(
         "stall floor: slowest single command run inside those scripts (each of bounded cost)",
-        join_and_leave
-            .slowest_inner_us
-            .max(deaths_run.slowest_inner_us),
+        floor_us as f64,
         "µs",
     ));
     section.push(Figure::new(
@@ -98,12 +101,14 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
          {deaths} waiters with one TTL joined in {:.1} s and were left to expire; the release \
          and the live waiter's calls until it held ({} calls) were each timed. Idle names: each \
          of {idle_names} names locked and unlocked once with a fence margin of {} ms, then left \
-         for the margin; `SCAN` counts what is left under their prefix.",
+         past the margin and the resend horizon (the spent-attempt records' life, {} s); `SCAN` \
+         counts what is left under their prefix. The stall floor was a `{floor_command}`.",
         join_and_leave.churn_took.as_secs_f64(),
         join_and_leave.slow_churn_calls,
         deaths_run.churn_took.as_secs_f64(),
         deaths_run.calls,
         margin.as_millis(),
+        fairlock::backend::RESEND_HORIZON.as_secs(),
     ));
     Ok(section)
 }
@@ -111,7 +116,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
 struct Churn {
     slowest_us: f64,
     calls_over_1ms: usize,
-    slowest_inner_us: f64,
+    /// The slowest command run inside a script, and its µs.
+    slowest_inner: Slowest,
     churn_took: Duration,
     slow_churn_calls: usize,
     served: Duration,
@@ -193,7 +199,7 @@ async fn join_and_leave(
     Ok(Churn {
         slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
         calls_over_1ms: over_1ms(&churn_slow, &timed),
-        slowest_inner_us: churn_inner.max(timed_inner) as f64,
+        slowest_inner: std::cmp::max_by_key(churn_inner, timed_inner, |(_, us)| *us),
         churn_took,
         slow_churn_calls: churn_slow.len(),
         served,
@@ -256,7 +262,7 @@ async fn simultaneous_deaths(
     Ok(Churn {
         slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
         calls_over_1ms: over_1ms(&churn_slow, &timed),
-        slowest_inner_us: churn_inner.max(timed_inner) as f64,
+        slowest_inner: std::cmp::max_by_key(churn_inner, timed_inner, |(_, us)| *us),
         churn_took,
         slow_churn_calls: churn_slow.len(),
         served,
@@ -354,23 +360,30 @@ async fn slowlog_reset(admin: &Client, threshold_us: u64) -> Result<(), BoxError
     Ok(())
 }
 
-/// The durations (µs) of the script calls in the slow log, and of the slowest command run
-/// inside a script (the bench sends nothing else meanwhile but its `SLOWLOG` and `CONFIG`).
-async fn slowlog_durations(admin: &Client) -> Result<(Vec<u64>, u64), BoxError> {
+/// The durations (µs) of the script calls in the slow log, and the slowest command run
+/// inside a script with its duration (the bench sends nothing else meanwhile but its
+/// `SLOWLOG` and `CONFIG`).
+async fn slowlog_durations(admin: &Client) -> Result<(Vec<u64>, Slowest), BoxError> {
     let (scripts, inner) = split_scripts(slowlog_entries(admin).await?);
-    Ok((scripts, inner.into_iter().max().unwrap_or(0)))
+    let slowest = inner
+        .into_iter()
+        .max_by_key(|(_, us)| *us)
+        .unwrap_or_default();
+    Ok((scripts, slowest))
 }
 
-/// Splits slow-log entries into the durations of whole script calls and of the commands run
+/// A command and its duration in µs.
+type Slowest = (String, u64);
+
+/// Splits slow-log entries into the durations of whole script calls and the commands run
 /// inside them. The bench's own `SLOWLOG` and `CONFIG` calls are left out: a `SLOWLOG RESET`
 /// is logged once done, and freeing a long log takes milliseconds.
-fn split_scripts(entries: Vec<(String, u64)>) -> (Vec<u64>, Vec<u64>) {
+fn split_scripts(entries: Vec<(String, u64)>) -> (Vec<u64>, Vec<(String, u64)>) {
     let (scripts, inner): (Vec<_>, Vec<_>) = entries
         .into_iter()
         .filter(|(command, _)| !matches!(command.as_str(), "SLOWLOG" | "CONFIG"))
         .partition(|(command, _)| is_script_call(command));
-    let durations = |entries: Vec<(String, u64)>| entries.into_iter().map(|(_, us)| us).collect();
-    (durations(scripts), durations(inner))
+    (scripts.into_iter().map(|(_, us)| us).collect(), inner)
 }
 
 /// A call of a script or function, as the slow log names it (upper case). The backend calls
@@ -448,7 +461,8 @@ mod tests {
                 .map(|(command, us)| (command.to_string(), *us))
                 .collect(),
         );
-        assert_eq!((scripts, inner), (vec![40, 50, 20, 30], vec![3, 1]));
+        assert_eq!(scripts, [40, 50, 20, 30]);
+        assert_eq!(inner, [("HSET".to_string(), 3), ("TIME".to_string(), 1)]);
     }
 
     /// The backend's calls, as the slow log of a real server shows them: each is one script

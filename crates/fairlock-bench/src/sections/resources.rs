@@ -21,11 +21,19 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         .collect();
     let name_prefix = bench.lock_name("res-");
 
+    // The baseline comes after the backend's connections are open and its first call has
+    // loaded the function library: both grow `used_memory` too, and are not the locks'.
+    let client = LockClient::from_arc(bench.backend().await?);
+    client
+        .fair_lock(&bench.lock_name("warm-res"))?
+        .lock()
+        .await?
+        .unlock()
+        .await?;
     let keys_before = scan_keys(bench).await?;
     let subscribers_before = subscriber_connections(bench).await?;
     let used_before = used_memory(bench).await?;
 
-    let client = LockClient::from_arc(bench.backend().await?);
     let mut guards: Vec<LockGuard> = Vec::with_capacity(LOCKS);
     for name in &names {
         guards.push(client.fair_lock(name)?.lock().await?);

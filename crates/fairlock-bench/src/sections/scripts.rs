@@ -2,8 +2,9 @@
 //! scripts (uncontended acquire, release, join, heartbeat, release with hand-over, the
 //! grantee's confirmation, leaving the queue).
 //!
-//! The private server runs nothing else meanwhile, so the growth of `EVALSHA`'s `usec` in
-//! `INFO commandstats` across one call is that call's server time (Redis counts whole
+//! The private server runs nothing else meanwhile, so the growth of `FCALL`'s `usec` (Redis 7,
+//! where the scripts run as functions; `EVALSHA`'s on 6.2) in `INFO commandstats` across one
+//! call is that call's server time (Redis counts whole
 //! microseconds per call, so single calls are quantised: the figure is the mean over many).
 //! The calls go through `LockBackend` directly, so no heartbeat or renewal runs between them.
 
