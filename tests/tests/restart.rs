@@ -163,6 +163,15 @@ async fn restart_under_contention(outage: Duration) {
         !holds.is_empty(),
         "no waiter acquired after the restart: {errors:?}"
     );
+    if outage.is_zero() {
+        // A quick restart is ridden out: the waiters' calls reconnect and retry.
+        assert!(
+            errors.is_empty() && acquired == WAITERS * ROUNDS,
+            "every waiter must make its {ROUNDS} acquisitions across a quick restart: \
+             {acquired} of {}, errors {errors:?}",
+            WAITERS * ROUNDS
+        );
+    }
 
     // The old holders' guards: their release must not touch anyone's new hold.
     let newcomer = client(&url, opts.clone())

@@ -114,6 +114,15 @@ async fn a_permission_error_is_not_an_outage() {
         !matches!(outcome, Err(fairlock::Error::Unavailable { .. })),
         "a permission error reported as an outage after {took:?}: {outcome:?}"
     );
+    // And it is the permission error, at once (Redis 7.0 words it "can't access"; later
+    // versions answer NOPERM).
+    let shown = format!("{outcome:?}");
+    assert!(
+        matches!(outcome, Err(fairlock::Error::Backend { .. }))
+            && (shown.contains("can't access") || shown.contains("NOPERM")),
+        "expected the permission error: {outcome:?}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
 }
 
 fn connections_received(cluster: &fairlock_testsupport::RedisCluster) -> u64 {

@@ -18,9 +18,14 @@ async fn watches_racing_reconnects_never_fail() {
     let backend = server.backend().await;
     let who = owner("watcher");
     let mut kept = Vec::new();
+    let mut kills = 0;
     for round in 0..80 {
         // Drop the subscriber connection; fred reconnects at once.
-        server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        kills += server
+            .cli(&["CLIENT", "KILL", "TYPE", "pubsub"])
+            .trim()
+            .parse::<u32>()
+            .expect("CLIENT KILL answers how many it killed");
         for _ in 0..3 {
             let lock = name();
             let watch = tokio::time::timeout(Duration::from_secs(10), backend.watch(&lock, &who))
@@ -34,6 +39,10 @@ async fn watches_racing_reconnects_never_fail() {
             kept.drain(..3);
         }
     }
+    // The races happened: the subscriber connection (a pubsub client once it has a
+    // subscription) was killed in most rounds.
+    eprintln!("{kills} kills in 80 rounds");
+    assert!(kills >= 40, "only {kills} kills in 80 rounds");
     // After the last reconnect settles, every channel still watched is subscribed again.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {

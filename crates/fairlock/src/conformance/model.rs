@@ -84,17 +84,23 @@ impl ModelConfig {
 /// The seeds to run: `FAIRLOCK_MODEL_SEED=s` runs seed `s` alone,
 /// `FAIRLOCK_MODEL_SCHEDULES=n` runs `n` seeds from a random start (printed), otherwise the
 /// `fixed` ones.
+///
+/// # Panics
+/// If either variable is set but is not a number, or asks for no schedules at all, or `fixed`
+/// is empty: a check that runs nothing must not pass.
 pub fn seeds_from_env(fixed: &[u64]) -> Vec<u64> {
-    if let Some(seed) = std::env::var("FAIRLOCK_MODEL_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    {
+    let number = |variable: &str| {
+        std::env::var(variable).ok().map(|value| {
+            value
+                .trim()
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{variable}={value:?} is not a number"))
+        })
+    };
+    if let Some(seed) = number("FAIRLOCK_MODEL_SEED") {
         return vec![seed];
     }
-    match std::env::var("FAIRLOCK_MODEL_SCHEDULES")
-        .ok()
-        .and_then(|n| n.parse::<u64>().ok())
-    {
+    let seeds = match number("FAIRLOCK_MODEL_SCHEDULES") {
         Some(count) => {
             let start: u64 = rand::random::<u32>().into();
             eprintln!(
@@ -104,7 +110,9 @@ pub fn seeds_from_env(fixed: &[u64]) -> Vec<u64> {
             (start..start + count).collect()
         }
         None => fixed.to_vec(),
-    }
+    };
+    assert!(!seeds.is_empty(), "the model check has no schedule to run");
+    seeds
 }
 
 /// Runs the schedule of each seed against `backend` (each on a fresh lock name) and panics at
