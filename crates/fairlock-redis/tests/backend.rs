@@ -1469,6 +1469,11 @@ async fn dropped_watches_linger_without_a_task_each() {
         "60 dropped watches left {} more tasks",
         during.saturating_sub(before)
     );
+    // The three channels were subscribed, so the wait below for their going means something.
+    assert!(
+        server.command_calls("ssubscribe") >= 3,
+        "the watches subscribed nothing"
+    );
     // Every channel still goes after the linger of its last watch, and the timer task
     // with them.
     until_unsubscribed(&server, &locks).await;
