@@ -5,12 +5,11 @@
 //!
 //! A check counts as catching its mutant only when it fails on the contract, not by running
 //! out of time (the runs share two threads), and a faithful wrapper run beside the mutants
-//! must pass every check. Checks with no mutant of their own: `fifo_order` (reordering the
-//! queue takes the store's internals, which a wrapper does not reach; `hand_over` and the
-//! model check see the order too), `invalid_input_is_rejected` (such input never reaches the
-//! store), and `lost_wakeups_still_progress`, `nested_lock_after_hand_over`,
-//! `cancel_at_grant_time_leaves_nothing`, `one_lease_per_hold` and `lease_lost_signal`, which
-//! check the core's waiting and lease handling over the clauses the mutants here break.
+//! must pass every check. Checks with no mutant of their own: `invalid_input_is_rejected`
+//! (such input never reaches the store), and `lost_wakeups_still_progress`,
+//! `nested_lock_after_hand_over`, `cancel_at_grant_time_leaves_nothing`, `one_lease_per_hold`
+//! and `lease_lost_signal`, which check the core's waiting and lease handling over the
+//! clauses the mutants here break.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -89,6 +88,9 @@ enum Kind {
     InspectEmpty,
     /// `list` shows no lock.
     ListEmpty,
+    /// A release with two or more waiters hands over to the second: the head is sent to the
+    /// tail first (as a new entry the waiter's next heartbeat finds).
+    SkipsHead,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -132,6 +134,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ReentryRefused => &["reentrancy"],
         Kind::InspectEmpty => &["state_matches_reality"],
         Kind::ListEmpty => &["list_shows_held_and_waited"],
+        Kind::SkipsHead => &["fifo_order"],
         Kind::Faithful => &[],
     }
 }
@@ -164,6 +167,10 @@ struct Sent {
     counts: Mutex<HashMap<AttemptId, u32>>,
     released: Mutex<std::collections::HashSet<AttemptId>>,
     forced: Mutex<std::collections::HashSet<u64>>,
+    /// Queue entries sent to the tail under a new attempt: old inner attempt -> new one.
+    moved: Mutex<HashMap<AttemptId, AttemptId>>,
+    /// What each inner attempt asked for (lease, waiter TTL), to queue it again.
+    asked: Mutex<HashMap<AttemptId, (Duration, Duration)>>,
 }
 
 impl Mutant {
@@ -203,8 +210,52 @@ impl Mutant {
                 .unwrap()
                 .entry(attempt)
                 .or_insert_with(AttemptId::random),
+            Kind::SkipsHead => {
+                let moved = self.sent.moved.lock().unwrap();
+                let mut current = attempt;
+                while let Some(next) = moved.get(&current) {
+                    current = *next;
+                }
+                current
+            }
             _ => attempt,
         }
+    }
+
+    /// Sends the head of `name`'s queue to the tail, under a new attempt, when two or more
+    /// wait: the next hand-over goes to the second.
+    async fn skip_head(&self, name: &LockName) -> Result<()> {
+        let state = self.inner.inspect(name).await?;
+        let [head, _, ..] = state.waiters.as_slice() else {
+            return Ok(());
+        };
+        let asked = self.sent.asked.lock().unwrap().get(&head.attempt).copied();
+        let Some((lease, waiter_ttl)) = asked else {
+            return Ok(());
+        };
+        let owner = Owner::new(head.owner.clone())?;
+        self.inner.abandon(name, &owner, head.attempt).await?;
+        let attempt = AttemptId::random();
+        self.sent
+            .moved
+            .lock()
+            .unwrap()
+            .insert(head.attempt, attempt);
+        self.sent
+            .asked
+            .lock()
+            .unwrap()
+            .insert(attempt, (lease, waiter_ttl));
+        let request = AcquireRequest {
+            name: name.clone(),
+            owner,
+            attempt,
+            lease,
+            waiter_ttl,
+            queue: true,
+        };
+        self.inner.acquire(&request).await?;
+        Ok(())
     }
 
     fn token_out(&self, token: u64) -> u64 {
@@ -254,6 +305,13 @@ impl LockBackend for Mutant {
         }
         let mut inner = request.clone();
         inner.attempt = self.inner_attempt(&request.owner, request.attempt);
+        if self.kind == Kind::SkipsHead {
+            self.sent
+                .asked
+                .lock()
+                .unwrap()
+                .insert(inner.attempt, (request.lease, request.waiter_ttl));
+        }
         match self.kind {
             Kind::EndlessLease => inner.lease = MAX_DURATION,
             Kind::EndlessWaiters => inner.waiter_ttl = MAX_DURATION,
@@ -331,6 +389,9 @@ impl LockBackend for Mutant {
         let inner = self.inner_attempt(owner, attempt);
         if self.kind == Kind::ForgetsSpent {
             self.attempts.lock().unwrap().remove(&attempt);
+        }
+        if self.kind == Kind::SkipsHead {
+            self.skip_head(name).await?;
         }
         let outcome = self
             .inner
@@ -530,6 +591,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::ReentryRefused,
         Kind::InspectEmpty,
         Kind::ListEmpty,
+        Kind::SkipsHead,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
