@@ -7,9 +7,8 @@
 //! out of time (the runs share two threads), and a faithful wrapper run beside the mutants
 //! must pass every check. Checks with no mutant of their own: `invalid_input_is_rejected`
 //! (such input never reaches the store), and `lost_wakeups_still_progress`,
-//! `nested_lock_after_hand_over`, `cancel_at_grant_time_leaves_nothing`, `one_lease_per_hold`
-//! and `lease_lost_signal`, which check the core's waiting and lease handling over the
-//! clauses the mutants here break.
+//! `nested_lock_after_hand_over`, `one_lease_per_hold` and `lease_lost_signal`, which check
+//! the core's waiting and lease handling over the clauses the mutants here break.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -91,6 +90,9 @@ enum Kind {
     /// A release with two or more waiters hands over to the second: the head is sent to the
     /// tail first (as a new entry the waiter's next heartbeat finds).
     SkipsHead,
+    /// `abandon` removes a queue entry but keeps a pending grant (made to the attempt by a
+    /// hand-over its caller never saw): the lock stays held until that grant lapses.
+    AbandonKeepsGrant,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -135,6 +137,9 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::InspectEmpty => &["state_matches_reality"],
         Kind::ListEmpty => &["list_shows_held_and_waited"],
         Kind::SkipsHead => &["fifo_order"],
+        // `hand_over` catches it every time (its grantee leaves before confirming);
+        // `cancel_at_grant_time_leaves_nothing` when one of its races lands after the grant.
+        Kind::AbandonKeepsGrant => &["hand_over", "cancel_at_grant_time_leaves_nothing"],
         Kind::Faithful => &[],
     }
 }
@@ -435,6 +440,12 @@ impl LockBackend for Mutant {
         if self.kind == Kind::AbandonIgnored {
             return Ok(());
         }
+        if self.kind == Kind::AbandonKeepsGrant {
+            let holder = self.inner.inspect(name).await?.holder;
+            if holder.is_some_and(|h| !h.confirmed && h.owner == owner.as_str()) {
+                return Ok(());
+            }
+        }
         let inner = self.inner_attempt(owner, attempt);
         if self.kind == Kind::ForgetsSpent {
             self.attempts.lock().unwrap().remove(&attempt);
@@ -592,6 +603,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::InspectEmpty,
         Kind::ListEmpty,
         Kind::SkipsHead,
+        Kind::AbandonKeepsGrant,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only
