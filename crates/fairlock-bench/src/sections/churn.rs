@@ -124,6 +124,40 @@ struct Churn {
     calls: usize,
 }
 
+impl Churn {
+    /// From what the slow log showed during the churn and around the timed calls (`calls`
+    /// of them, the threshold at 0). Fails when the timed window's log misses any of them (as
+    /// every call was missed while only `EVALSHA` counted).
+    fn new(
+        (churn_slow, churn_inner): (Vec<u64>, Slowest),
+        (timed, timed_inner): (Vec<u64>, Slowest),
+        churn_took: Duration,
+        served: Duration,
+        calls: usize,
+    ) -> Result<Self, BoxError> {
+        if timed.len() < calls {
+            return Err(format!(
+                "the slow log shows {} script calls of the {calls} made with its threshold at 0",
+                timed.len()
+            )
+            .into());
+        }
+        Ok(Churn {
+            slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
+            calls_over_1ms: churn_slow
+                .iter()
+                .chain(&timed)
+                .filter(|us| **us > 1_000)
+                .count(),
+            slowest_inner: std::cmp::max_by_key(churn_inner, timed_inner, |(_, us)| *us),
+            churn_took,
+            slow_churn_calls: churn_slow.len(),
+            served,
+            calls,
+        })
+    }
+}
+
 fn request(name: &LockName, owner: &str, waiter_ttl: Duration) -> Result<AcquireRequest, BoxError> {
     Ok(AcquireRequest {
         name: name.clone(),
@@ -178,7 +212,7 @@ async fn join_and_leave(
     let churn_took = started.elapsed();
     let last = request(&name, "last", LONG)?;
     queued(backend, &last).await?;
-    let (churn_slow, churn_inner) = slowlog_durations(&bench.admin).await?;
+    let churn = slowlog_durations(&bench.admin).await?;
 
     slowlog_reset(&bench.admin, 0).await?;
     let served_from = Instant::now();
@@ -191,20 +225,12 @@ async fn join_and_leave(
         .await?;
     let last_token = granted(backend, &last).await?;
     let served = served_from.elapsed();
-    let (timed, timed_inner) = slowlog_durations(&bench.admin).await?;
-    every_call_logged(&timed, 4)?;
+    let timed = slowlog_durations(&bench.admin).await?;
     backend
         .release(&name, &last.owner, last_token, last.attempt)
         .await?;
-    Ok(Churn {
-        slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
-        calls_over_1ms: over_1ms(&churn_slow, &timed),
-        slowest_inner: std::cmp::max_by_key(churn_inner, timed_inner, |(_, us)| *us),
-        churn_took,
-        slow_churn_calls: churn_slow.len(),
-        served,
-        calls: 4,
-    })
+    // Timed: the two releases and the two grants.
+    Churn::new(churn, timed, churn_took, served, 4)
 }
 
 async fn simultaneous_deaths(
@@ -237,7 +263,7 @@ async fn simultaneous_deaths(
     let survivor = request(&name, "survivor", LONG)?;
     queued(backend, &survivor).await?;
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-    let (churn_slow, churn_inner) = slowlog_durations(&bench.admin).await?;
+    let churn = slowlog_durations(&bench.admin).await?;
 
     slowlog_reset(&bench.admin, 0).await?;
     let served_from = Instant::now();
@@ -254,37 +280,11 @@ async fn simultaneous_deaths(
         }
     };
     let served = served_from.elapsed();
-    let (timed, timed_inner) = slowlog_durations(&bench.admin).await?;
-    every_call_logged(&timed, calls)?;
+    let timed = slowlog_durations(&bench.admin).await?;
     backend
         .release(&name, &survivor.owner, survivor_token, survivor.attempt)
         .await?;
-    Ok(Churn {
-        slowest_us: churn_slow.iter().chain(&timed).copied().max().unwrap_or(0) as f64,
-        calls_over_1ms: over_1ms(&churn_slow, &timed),
-        slowest_inner: std::cmp::max_by_key(churn_inner, timed_inner, |(_, us)| *us),
-        churn_took,
-        slow_churn_calls: churn_slow.len(),
-        served,
-        calls,
-    })
-}
-
-/// With the threshold at 0 the slow log has every call made meanwhile: fewer means the
-/// figures would miss some (as they missed all of them while only `EVALSHA` was counted).
-fn every_call_logged(timed: &[u64], calls: usize) -> Result<(), BoxError> {
-    if timed.len() < calls {
-        return Err(format!(
-            "the slow log shows {} script calls of the {calls} made with its threshold at 0",
-            timed.len()
-        )
-        .into());
-    }
-    Ok(())
-}
-
-fn over_1ms(churn: &[u64], timed: &[u64]) -> usize {
-    churn.iter().chain(timed).filter(|us| **us > 1_000).count()
+    Churn::new(churn, timed, churn_took, served, calls)
 }
 
 /// Locks and unlocks `names` distinct locks once each through a backend with a short fence
