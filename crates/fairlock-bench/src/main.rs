@@ -44,6 +44,9 @@ struct Cli {
 enum Command {
     /// The lock benchmark protocol worker (see bench-protocol.md).
     Worker(worker::WorkerArgs),
+    /// Section 7's measurement of one backend's memory, in a fresh process of its own.
+    #[command(hide = true)]
+    BackendMemory,
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +63,9 @@ fn main() -> std::process::ExitCode {
     };
     let result = match cli.command {
         Some(Command::Worker(args)) => runtime.block_on(worker::run(args)),
+        Some(Command::BackendMemory) => runtime
+            .block_on(sections::resources::backend_memory_child())
+            .map_err(|err| err.to_string()),
         None => {
             let config = bench::Config {
                 quick: cli.quick,
