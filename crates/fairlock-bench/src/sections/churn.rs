@@ -94,6 +94,12 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         )
         .target("0", idle_left == 0),
     );
+    let floor = if floor_command.is_empty() {
+        // Redis 6.2 logs a script call, not the commands it runs.
+        "No command run inside a script was logged, so the stall floor is 0.".to_string()
+    } else {
+        format!("The stall floor was a `{floor_command}`.")
+    };
     section.note(format!(
         "join-and-leave: {leavers} owners join behind a live head and abandon, {CONCURRENCY} at a \
          time ({:.1} s), {} calls of the churn took over {CHURN_THRESHOLD_US} µs; then the \
@@ -102,7 +108,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
          and the live waiter's calls until it held ({} calls) were each timed. Idle names: each \
          of {idle_names} names locked and unlocked once with a fence margin of {} ms, then left \
          past the margin and the resend horizon (the spent-attempt records' life, {} s); `SCAN` \
-         counts what is left under their prefix. The stall floor was a `{floor_command}`.",
+         counts what is left under their prefix. {floor}",
         join_and_leave.churn_took.as_secs_f64(),
         join_and_leave.slow_churn_calls,
         deaths_run.churn_took.as_secs_f64(),

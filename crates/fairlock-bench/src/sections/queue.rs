@@ -62,7 +62,9 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
                 ratio,
                 "x",
             )
-            .target("<= 1.5x at 10,000", ratio <= 1.5),
+            // The target is at 10,000 waiters; a `--quick` run's largest queue is
+            // 1,000, which the figure's name says.
+            .target("<= 1.5x", ratio <= 1.5),
         );
     }
     section.note(format!(

@@ -72,7 +72,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     let connections = client_lines(bench).await?.len();
 
     let scripts_before_drain = bench.script_stats().await?.0;
-    let subscribes_before_drain = bench.command_calls("ssubscribe").await?;
+    let subscribes_before_drain = subscribe_calls(bench).await?;
     let drain_started = Instant::now();
     for guard in guards {
         guard.unlock().await?;
@@ -82,7 +82,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
     }
     let drained = drain_started.elapsed();
     let drain_scripts = bench.script_stats().await?.0 - scripts_before_drain;
-    let drain_subscribes = bench.command_calls("ssubscribe").await? - subscribes_before_drain;
+    let drain_subscribes = subscribe_calls(bench).await? - subscribes_before_drain;
     drop(client);
     // Releases by dropped guards run in the background: give them a moment.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -178,7 +178,7 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
          the same backend, spawned {wave} at a time (each wave queued before the next); all \
          were queued {:.2} s after the first was spawned; releasing the holders then let \
          all {waiters} acquire and release in {:.2} s ({drain_scripts} script calls and {drain_subscribes} \
-         SSUBSCRIBE calls meanwhile; heartbeats every 5 s / 3 included). Keys while held: {}, while waiting: {}; \
+         subscribe calls meanwhile; heartbeats every 5 s / 3 included). Keys while held: {}, while waiting: {}; \
          left: {} ({} fence counters, {} spent-attempt records that expire within a minute), \
          e.g. {shown:?}",
         queued_after.as_secs_f64(),
@@ -190,6 +190,12 @@ pub(crate) async fn run(bench: &Bench) -> Result<Section, BoxError> {
         left.iter().filter(|key| is_attempt_records_key(key)).count(),
     ));
     Ok(section)
+}
+
+/// Subscribe commands the server has run: `SSUBSCRIBE` on Redis 7, `SUBSCRIBE` on 6.2 (no
+/// sharded pub/sub there).
+async fn subscribe_calls(bench: &Bench) -> Result<u64, BoxError> {
+    Ok(bench.command_calls("ssubscribe").await? + bench.command_calls("subscribe").await?)
 }
 
 /// Waits until `count` waiters are queued on the locks named `prefix`*, for at most 60 s
