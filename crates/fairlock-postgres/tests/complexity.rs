@@ -1,6 +1,6 @@
-//! Each lock operation touches a bounded number of buffers, however long the queue: the
-//! functions find what they need through indexes and never walk the waiters (only `inspect`
-//! and `list` do). Counted with `EXPLAIN (ANALYZE, BUFFERS)` of the very function call the
+//! Each lock operation touches a bounded number of buffers, however long the queue, and about
+//! as many with 8,000 waiters as with 1,000: the functions find what they need through indexes
+//! and never walk the waiters (only `inspect` and `list` do). Counted with `EXPLAIN (ANALYZE, BUFFERS)` of the very function call the
 //! backend makes, whose buffer counts include every statement the function runs.
 
 mod common;
@@ -15,9 +15,16 @@ use uuid::Uuid;
 
 /// How many waiters stand in the long queue.
 const WAITERS: usize = 8000;
+/// How many stand in the shorter queue each operation is first measured with.
+const SHORT: usize = 1000;
+/// How many more buffers an operation may touch with WAITERS waiters than with SHORT: an
+/// index may gain a level (one buffer more per descent). Buffer hits are counted per access,
+/// so a walk costs about one per waiter it visits: a walk of the queue, or of any part of it
+/// that grows with it, breaks this long before BUDGET.
+const GROWTH: u64 = 8;
 /// The most buffers (8 kB pages, hit or read) one operation may touch: a few index descents
-/// and heap fetches per statement (10 to 45 measured). Walking 8000 waiters would touch over
-/// 150 heap pages alone.
+/// and heap fetches per statement (3 to 48 measured). Counting the waiters of the long queue
+/// in the head's lookup touched 224.
 const BUDGET: u64 = 100;
 
 const MARGIN_MS: i64 = 600_000;
@@ -164,10 +171,15 @@ async fn operations_do_not_walk_the_queue() {
         panic!("the first acquire is granted");
     };
     let mut costs_short = Vec::new();
-    for round in 0..2 {
-        let waiter = request(&lock, &owner(&format!("early{round}")), true);
-        costs_short.push(acquire_cost(&client, &waiter).await);
-        costs_short.push(acquire_cost(&client, &waiter).await);
+    let early: Vec<_> = (0..2)
+        .map(|round| AcquireRequest {
+            waiter_ttl: Duration::from_secs(120),
+            ..request(&lock, &owner(&format!("early{round}")), true)
+        })
+        .collect();
+    for waiter in &early {
+        costs_short.push(acquire_cost(&client, waiter).await);
+        costs_short.push(acquire_cost(&client, waiter).await);
         costs_short.push(acquire_cost(&client, &request(&lock, &owner("try"), false)).await);
     }
     // Every function run once on this connection (compiled, its plans cached) while the
@@ -184,53 +196,100 @@ async fn operations_do_not_walk_the_queue() {
     costs_short.push(extend_cost(&client, &first, first_grant.token).await);
     costs_short.push(abandon_cost(&client, &third).await);
     costs_short.push(release_cost(&client, &first, first_grant.token).await);
-    println!("short queue: {costs_short:?} buffers");
+    println!("first calls: {costs_short:?} buffers");
 
+    // The same operations with a queue of SHORT, then of WAITERS: a walk of the waiters
+    // (or of any share of them) grows with the queue, an index descent barely does.
     let requests: Vec<_> = (0..WAITERS)
         .map(|i| AcquireRequest {
             waiter_ttl: Duration::from_secs(120),
             ..request(&lock, &owner(&format!("w{i}")), true)
         })
         .collect();
+    join_all_queued(&backend, &requests[..SHORT]).await;
+    let short = costs(
+        &backend,
+        &client,
+        &lock,
+        &holding,
+        grant.token,
+        &requests[..SHORT],
+    )
+    .await;
+    // The head was handed the lock: it confirms, and holds for the long round.
+    let head = &early[0];
+    let AcquireOutcome::Granted(head_grant) = backend.acquire(head).await.unwrap() else {
+        panic!("the head confirms its hand-over");
+    };
+    join_all_queued(&backend, &requests[SHORT..]).await;
+    let long = costs(&backend, &client, &lock, head, head_grant.token, &requests).await;
+    for ((what, short), (_, long)) in short.iter().zip(&long) {
+        println!("{what}: {short} buffers with {SHORT} waiters, {long} with {WAITERS}");
+        assert!(
+            *long <= BUDGET,
+            "{what} touched {long} buffers with {WAITERS} waiters"
+        );
+        assert!(
+            *long <= short + GROWTH,
+            "{what} touched {short} buffers with {SHORT} waiters and {long} with {WAITERS}"
+        );
+    }
+    let state = backend.inspect(&lock).await.unwrap();
+    assert_eq!(
+        state.holder.unwrap().owner,
+        early[1].owner.as_str(),
+        "the head was handed the lock"
+    );
+    // The queued waiters, less the two leavers; the second early one now holds, and the two
+    // newcomers joined.
+    assert_eq!(state.waiters.len(), WAITERS - 2 + 2);
+}
+
+/// Joins every request in `requests`, 64 at a time, each queued.
+async fn join_all_queued(backend: &PostgresBackend, requests: &[AcquireRequest]) {
     for chunk in requests.chunks(64) {
         let joins = chunk.iter().map(|r| backend.acquire(r));
         for outcome in futures::future::join_all(joins).await {
             assert!(matches!(outcome.unwrap(), AcquireOutcome::Queued { .. }));
         }
     }
+}
 
-    // Joining at the back, heart-beating from the middle, leaving from the middle, a
-    // non-queueing try, and a release that hands over to the head.
-    let join = acquire_cost(&client, &request(&lock, &owner("newcomer"), true)).await;
-    let middle = &requests[WAITERS / 2];
-    let heartbeat = acquire_cost(&client, middle).await;
-    let leave = abandon_cost(&client, middle).await;
-    let busy = acquire_cost(&client, &request(&lock, &owner("try"), false)).await;
-    let extend = extend_cost(&client, &holding, grant.token).await;
-    let head = backend.inspect(&lock).await.unwrap().waiters[0]
+/// The buffers of each operation on `lock`, held by `holder` (with `token`) with `queued`
+/// standing in its queue after whoever came before them: joining at the back, heart-beating
+/// from the middle of `queued`, leaving from there, a non-queueing try, an extension, and last
+/// a release that hands over to the head.
+async fn costs(
+    backend: &PostgresBackend,
+    client: &tokio_postgres::Client,
+    lock: &fairlock::LockName,
+    holder: &AcquireRequest,
+    token: u64,
+    queued: &[AcquireRequest],
+) -> [(&'static str, u64); 6] {
+    let newcomer = owner(&format!("newcomer{}", queued.len()));
+    let join = acquire_cost(client, &request(lock, &newcomer, true)).await;
+    let middle = &queued[queued.len() / 2];
+    let heartbeat = acquire_cost(client, middle).await;
+    let leave = abandon_cost(client, middle).await;
+    let busy = acquire_cost(client, &request(lock, &owner("try"), false)).await;
+    let extend = extend_cost(client, holder, token).await;
+    let head = backend.inspect(lock).await.unwrap().waiters[0]
         .owner
         .clone();
-    let release = release_cost(&client, &holding, grant.token).await;
-    for (what, cost) in [
+    let release = release_cost(client, holder, token).await;
+    let state = backend.inspect(lock).await.unwrap();
+    assert_eq!(
+        state.holder.unwrap().owner,
+        head,
+        "the head was handed the lock"
+    );
+    [
         ("join", join),
         ("heartbeat", heartbeat),
         ("leave", leave),
         ("busy", busy),
         ("extend", extend),
         ("release", release),
-    ] {
-        println!("{what}: {cost} buffers with {WAITERS} waiters");
-        assert!(
-            cost <= BUDGET,
-            "{what} touched {cost} buffers with {WAITERS} waiters"
-        );
-    }
-    let state = backend.inspect(&lock).await.unwrap();
-    assert_eq!(
-        state.holder.unwrap().owner,
-        head,
-        "the head was handed the lock"
-    );
-    // All but the head (now holding) and the leaver, plus the two early ones and the newcomer.
-    assert_eq!(state.waiters.len(), WAITERS - 2 + 3);
+    ]
 }
