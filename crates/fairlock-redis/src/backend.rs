@@ -20,9 +20,12 @@ use crate::keys::{LockKeys, DEADLINES_SUFFIX, HOLDER_SUFFIX};
 use crate::scripts::Script;
 use crate::RedisBackend;
 
+/// A duration in whole milliseconds, rounded up (a lease never ends before the guard's
+/// deadline, which counts the exact duration), at least 1.
 fn millis(duration: Duration) -> String {
     duration
-        .as_millis()
+        .as_nanos()
+        .div_ceil(1_000_000)
         .clamp(1, u128::from(u64::MAX))
         .to_string()
 }
@@ -506,6 +509,17 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_round_up_to_milliseconds() {
+        // A lease or TTL of 1.9 ms sent as 1 would end before the guard's own deadline.
+        assert_eq!(millis(Duration::from_micros(1_900)), "2");
+        assert_eq!(millis(Duration::from_nanos(1_000_001)), "2");
+        assert_eq!(millis(Duration::from_millis(5)), "5");
+        assert_eq!(millis(Duration::from_nanos(1)), "1");
+        assert_eq!(millis(Duration::ZERO), "1");
+        assert_eq!(millis(Duration::MAX), u64::MAX.to_string());
+    }
 
     #[test]
     fn replies_parse() {
