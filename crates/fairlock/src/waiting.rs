@@ -367,7 +367,11 @@ fn unusable(
             // Count again now that the handle's releases are done: the same attempt asked
             // again gets the same grant and the hold's current count (the store changes
             // nothing).
-            match attempt.call(false).await {
+            // Within the deadline like every call of the attempt.
+            let Some(outcome) = attempt.call_before(false).await else {
+                return None;
+            };
+            match outcome {
                 Ok((AcquireOutcome::Granted(again), _)) if again.token == grant.token => {
                     grant = again
                 }

@@ -61,6 +61,11 @@ struct Faulty {
     /// client re-sending after a reconnect, the first copy having landed).
     resend_next_acquire: Arc<AtomicBool>,
     resend_delay: Arc<Mutex<Duration>>,
+    /// Every release waits this long before it reaches the store.
+    release_delay: Arc<Mutex<Duration>>,
+    /// Once a release has reached the store, every acquire stalls 10 s (the store pauses).
+    stall_acquires_after_release: Arc<AtomicBool>,
+    released: Arc<AtomicBool>,
 }
 
 impl Faulty {
@@ -89,6 +94,9 @@ impl LockBackend for Faulty {
         let delay = *self.acquire_delay.lock().unwrap();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
+        }
+        if self.stall_acquires_after_release.load(SeqCst) && self.released.load(SeqCst) {
+            tokio::time::sleep(Duration::from_secs(10)).await;
         }
         let confirming = !request.queue && self.queued.lock().unwrap().contains(&request.attempt);
         if request.queue {
@@ -135,6 +143,10 @@ impl LockBackend for Faulty {
         token: u64,
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
+        let delay = *self.release_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let down_until = *self.releases_down_until.lock().unwrap();
         if down_until.is_some_and(|until| tokio::time::Instant::now() < until) {
             return Err(down());
@@ -144,6 +156,7 @@ impl LockBackend for Faulty {
         }
         let attempt = self.stored(attempt);
         let outcome = self.inner.release(name, owner, token, attempt).await?;
+        self.released.store(true, SeqCst);
         if self.resend_next_release.swap(false, SeqCst) {
             return self.inner.release(name, owner, token, attempt).await;
         }
@@ -920,4 +933,36 @@ async fn chaos_schedule(seed: u64) {
         state.holder.is_none() && state.waiters.is_empty(),
         "seed {seed}: left behind: {state:?}"
     );
+}
+
+/// `try_lock_for` keeps its bound when a re-entry must be counted again: a guard of the
+/// handle is dropped just before (its release on its way), the re-entry waits for that
+/// release, and the store then pauses. The second count used to be sent without the
+/// deadline, so the call waited out the store's pause (10 s here).
+#[tokio::test(start_paused = true)]
+async fn try_lock_for_keeps_its_bound_when_a_re_entry_is_counted_again() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = client.fair_lock("x").unwrap();
+    let guard = lock.lock().await.unwrap();
+    *faulty.release_delay.lock().unwrap() = Duration::from_millis(200);
+    faulty.stall_acquires_after_release.store(true, SeqCst);
+    drop(guard);
+    let wait = Duration::from_millis(500);
+    let started = tokio::time::Instant::now();
+    let result = lock.try_lock_for(wait).await;
+    let took = started.elapsed();
+    assert!(
+        took <= wait + Duration::from_millis(60),
+        "try_lock_for({wait:?}) took {took:?}"
+    );
+    assert!(
+        matches!(result, Err(Error::Timeout { .. } | Error::Unavailable { .. })),
+        "{:?}",
+        result.map(|guard| guard.hold_count())
+    );
+    // The re-entry's level was given back: nobody holds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let name = LockName::new("x").unwrap();
+    assert_eq!(faulty.inner.inspect(&name).await.unwrap().holder, None);
 }
