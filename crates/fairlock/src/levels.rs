@@ -23,10 +23,12 @@
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
-//! guard dropped just before the next `lock()` does not hide a stale level.
+//! guard dropped just before the next `lock()` does not hide a stale level. One that finished
+//! after the grant's call was sent may have taken its level away after the store counted it,
+//! while its ticket is gone already: that grant is counted again too.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +48,8 @@ pub(crate) struct OwnLevels {
     state: Mutex<State>,
     /// How many releases and abandons are on their way to the store.
     finishing: watch::Sender<usize>,
+    /// How many have finished, ever: counted before `finishing` goes down.
+    finished: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +66,7 @@ impl OwnLevels {
             exclusive: AtomicBool::new(exclusive),
             state: Mutex::new(State::default()),
             finishing: watch::Sender::new(0),
+            finished: AtomicU64::new(0),
         })
     }
 
@@ -116,21 +121,39 @@ impl OwnLevels {
         Stale::Free
     }
 
+    /// How many releases and abandons have finished: read before a call is sent, and given
+    /// to [`recount`](Self::recount) with its grant.
+    pub(crate) fn finished(&self) -> u64 {
+        self.finished.load(Ordering::SeqCst)
+    }
+
     /// Whether a re-entry (`hold_count` above 1) must be counted again before it is used:
     /// a release or abandon of this handle is on its way, and the level it is taking away
-    /// may be the one the store will keep (a lost release). Waits (at most `patience`) for
-    /// them to finish; the caller then asks the store for the hold's count again.
-    pub(crate) async fn recount(&self, hold_count: u32, patience: Duration) -> bool {
+    /// may be the one the store will keep (a lost release); or one finished since the call
+    /// was sent (`finished_before` was [`finished`](Self::finished) then), and the store may
+    /// have counted its level before taking it away. Waits (at most `patience`) for those on
+    /// their way to finish; the caller then asks the store for the hold's count again.
+    pub(crate) async fn recount(
+        &self,
+        hold_count: u32,
+        patience: Duration,
+        finished_before: u64,
+    ) -> bool {
         let mut finishing = self.finishing.subscribe();
         {
             let state = self.state();
+            // In this order: a release counts itself finished before it leaves `finishing`.
             let in_flight = *finishing.borrow_and_update();
+            let finished_since = self.finished() != finished_before;
             if !self.exclusive.load(Ordering::Relaxed)
                 || hold_count <= 1
-                || in_flight == 0
+                || (in_flight == 0 && !finished_since)
                 || state.outstanding > in_flight + 1
             {
                 return false;
+            }
+            if in_flight == 0 {
+                return true;
             }
         }
         let drained = finishing.wait_for(|n| *n == 0);
@@ -174,6 +197,7 @@ pub(crate) struct Finishing(Arc<OwnLevels>);
 
 impl Drop for Finishing {
     fn drop(&mut self) {
+        self.0.finished.fetch_add(1, Ordering::SeqCst);
         self.0.finishing.send_modify(|n| *n = n.saturating_sub(1));
     }
 }

@@ -339,6 +339,11 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
 /// abandons on their way before it is judged (see `levels.rs`).
 const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
+/// How many times a grant is counted again because releases of the handle finished around
+/// its call; each count is one more call, and another task of the handle would have to drop
+/// a guard during each.
+const RECOUNTS: usize = 3;
+
 /// The grant to use, or `Ok(None)` if `grant`, just made to `attempt`, must not be used: its
 /// hold includes a level of this handle's owner that nobody will release (see `levels.rs`).
 /// Then, if the attempt is the handle's only call, frees that hold (it goes to the owner
@@ -363,15 +368,18 @@ fn unusable(
             None => FINISHING_PATIENCE,
         };
         let mut grant = grant;
-        if shared.levels.recount(grant.hold_count, patience).await {
+        for _ in 0..RECOUNTS {
+            if !shared
+                .levels
+                .recount(grant.hold_count, patience, attempt.finished_at_send)
+                .await
+            {
+                break;
+            }
             // Count again now that the handle's releases are done: the same attempt asked
             // again gets the same grant and the hold's current count (the store changes
-            // nothing).
-            // Within the deadline like every call of the attempt.
-            let Some(outcome) = attempt.call_before(false).await else {
-                return None;
-            };
-            match outcome {
+            // nothing). Within the deadline like every call of the attempt.
+            match attempt.call_before(false).await? {
                 Ok((AcquireOutcome::Granted(again), _)) if again.token == grant.token => {
                     grant = again
                 }
@@ -528,6 +536,9 @@ struct Attempt {
     /// Counts this attempt among the levels the handle may have, until it and its clean-up
     /// (or its guard and release) are done with the store.
     ticket: LevelTicket,
+    /// How many of the handle's releases and abandons had finished when the last call was
+    /// sent (see `OwnLevels::recount`).
+    finished_at_send: u64,
 }
 
 impl Attempt {
@@ -540,6 +551,7 @@ impl Attempt {
         Attempt {
             outage: Outage::new(shared.options.outage_budget, heartbeat(&shared)),
             ticket: shared.levels.register(),
+            finished_at_send: 0,
             shared,
             runtime,
             id: AttemptId::random(),
@@ -566,6 +578,7 @@ impl Attempt {
             queue,
         };
         self.sent = true;
+        self.finished_at_send = self.shared.levels.finished();
         let sent = Instant::now();
         self.calling_since = Some(sent);
         // If this future is dropped here, `calling_since` stays: the outcome is unknown.

@@ -61,6 +61,8 @@ struct Faulty {
     /// client re-sending after a reconnect, the first copy having landed).
     resend_next_acquire: Arc<AtomicBool>,
     resend_delay: Arc<Mutex<Duration>>,
+    /// Every acquire's reply comes this long after the store applied it.
+    acquire_reply_delay: Arc<Mutex<Duration>>,
     /// Every release waits this long before it reaches the store.
     release_delay: Arc<Mutex<Duration>>,
     /// Once a release has reached the store, every acquire stalls 10 s (the store pauses).
@@ -126,6 +128,10 @@ impl LockBackend for Faulty {
             });
         }
         let outcome = self.inner.acquire(&request).await?;
+        let reply_delay = *self.acquire_reply_delay.lock().unwrap();
+        if !reply_delay.is_zero() {
+            tokio::time::sleep(reply_delay).await;
+        }
         if self.lose_next_reply.swap(false, SeqCst) {
             return Err(down());
         }
@@ -957,7 +963,10 @@ async fn try_lock_for_keeps_its_bound_when_a_re_entry_is_counted_again() {
         "try_lock_for({wait:?}) took {took:?}"
     );
     assert!(
-        matches!(result, Err(Error::Timeout { .. } | Error::Unavailable { .. })),
+        matches!(
+            result,
+            Err(Error::Timeout { .. } | Error::Unavailable { .. })
+        ),
         "{:?}",
         result.map(|guard| guard.hold_count())
     );
@@ -965,4 +974,34 @@ async fn try_lock_for_keeps_its_bound_when_a_re_entry_is_counted_again() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let name = LockName::new("x").unwrap();
     assert_eq!(faulty.inner.inspect(&name).await.unwrap().holder, None);
+}
+
+/// A re-entry whose reply comes after the release of a guard dropped just before it: the
+/// store counted that guard's level in the grant (2), then the release took it away, and the
+/// release finished before the reply was read. The grant is the caller's own and valid; it
+/// used to be judged stale (2 levels, 1 ticket) and freed, handing the lock to the waiter
+/// of another owner.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_finishes_before_the_re_entry_reply_is_not_a_stale_level() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = client.fair_lock("x").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let token = guard.fencing_token();
+    let other = client.fair_lock("x").unwrap();
+    let waiter = tokio::spawn(async move { other.lock().await.map(|g| g.fencing_token()) });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let name = LockName::new("x").unwrap();
+    assert_eq!(faulty.inner.inspect(&name).await.unwrap().waiters.len(), 1);
+
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    *faulty.release_delay.lock().unwrap() = Duration::from_millis(20);
+    drop(guard);
+    let again = lock.try_lock().await.expect("the re-entry is the caller's");
+    assert_eq!(again.fencing_token(), token);
+    assert_eq!(again.hold_count(), 1);
+    assert_eq!(faulty.force_releases.load(SeqCst), 0, "the hold was freed");
+    assert!(!waiter.is_finished(), "the other owner was handed the lock");
+    again.unlock().await.unwrap();
+    assert!(waiter.await.unwrap().unwrap() > token);
 }
