@@ -186,8 +186,11 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- A decimal integer as fairlock writes it (int): no sign, no leading zero, at most 16 digits.
+-- Stricter than tonumber, as strict as Redis's own integer parsing (HINCRBY).
 local function is_digits(text)
-  return type(text) == 'string' and string.find(text, '^%d+$') ~= nil and #text <= 16
+  return type(text) == 'string' and #text <= 16
+    and (text == '0' or string.find(text, '^[1-9]%d*$') ~= nil)
 end
 
 local function is_attempt(text)
@@ -611,12 +614,16 @@ local function waiter_record(ticket)
   end
   local first = string.find(record, ':', 1, true)
   local second = first and string.find(record, ':', first + 1, true)
-  local ttl = first and tonumber(string.sub(record, 1, first - 1))
-  if not second or not ttl then
+  if not second then
     return nil
   end
-  return ttl, string.sub(record, first + 1, second - 1), string.sub(record, second + 1),
-    fields[2] or nil, record
+  -- Not one fairlock wrote (tonumber takes "nan", "inf", "-5"): no waiter, dropped as dead.
+  local ttl_text = string.sub(record, 1, first - 1)
+  local attempt = string.sub(record, first + 1, second - 1)
+  if not is_digits(ttl_text) or ttl_text == '0' or not is_attempt(attempt) then
+    return nil
+  end
+  return tonumber(ttl_text), attempt, string.sub(record, second + 1), fields[2] or nil, record
 end
 
 -- The most queue entries one call drops (dead waiters and the entries of waiters that left):

@@ -1197,6 +1197,64 @@ async fn foreign_data_is_a_conflict() {
         server.cli(&["HMGET", &fence, "t", "g"]),
         "5\nnot an attempt"
     );
+
+    // A ticket counter `HINCRBY` would refuse (a leading zero): refused when read, not by
+    // the join's `HINCRBY` after the call's first writes.
+    let lock = name();
+    let fence = key(&lock, "f");
+    server.cli(&["HSET", &fence, "t", "5", "s", "007"]);
+    refused_alone(lock, "f").await;
+}
+
+/// A waiter record whose TTL or attempt fairlock did not write (foreign data) is dropped like
+/// a dead waiter's, not handed the lock: a TTL of `nan` made a hold that expired at once and
+/// a fence hash expiry that deleted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_waiter_record_is_dropped_not_handed_the_lock() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    for malformed in ["nan", "inf", "-5", "0x10", "0", " 5"] {
+        let (lock, a, b) = (name(), owner("a"), owner("b"));
+        let holding = request(&lock, &a, true);
+        let grant = granted(&backend, &holding).await;
+        let waiting = request(&lock, &b, true);
+        queued(&backend, &waiting).await;
+        let waiters = key(&lock, "w");
+        let field = server
+            .cli(&["HKEYS", &waiters])
+            .lines()
+            .find(|field| field.starts_with('#'))
+            .expect("the waiter's record")
+            .to_owned();
+        let record = format!("{malformed}:{}:{}", waiting.attempt, b.as_str());
+        server.cli(&["HSET", &waiters, &field, &record]);
+        backend
+            .release(&lock, &a, grant.token, holding.attempt)
+            .await
+            .unwrap();
+        let state = backend.inspect(&lock).await.unwrap();
+        assert_eq!(state.holder, None, "TTL {malformed:?}");
+        let fence_ttl: i64 = server.cli(&["PTTL", &key(&lock, "f")]).parse().unwrap();
+        assert!(fence_ttl > 0, "TTL {malformed:?}: the fence hash's PTTL is {fence_ttl}");
+    }
+    // An attempt that is not one: dropped the same way.
+    let (lock, a, b) = (name(), owner("a"), owner("b"));
+    let holding = request(&lock, &a, true);
+    let grant = granted(&backend, &holding).await;
+    queued(&backend, &request(&lock, &b, true)).await;
+    let waiters = key(&lock, "w");
+    let field = server
+        .cli(&["HKEYS", &waiters])
+        .lines()
+        .find(|field| field.starts_with('#'))
+        .expect("the waiter's record")
+        .to_owned();
+    server.cli(&["HSET", &waiters, &field, "5000:not-an-attempt:b"]);
+    backend
+        .release(&lock, &a, grant.token, holding.attempt)
+        .await
+        .unwrap();
+    assert_eq!(backend.inspect(&lock).await.unwrap().holder, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
