@@ -346,6 +346,10 @@ impl FairLock {
     /// Acquires the lock only if that needs no waiting: it is free and nobody is queued, or
     /// this owner already holds it. Never joins the queue.
     ///
+    /// Its calls to the store (usually one) are each bounded by the backend's own command
+    /// timeout, not by a deadline of its own: for a bound of your choosing against a slow
+    /// store, use [`try_lock_for`](Self::try_lock_for) with a short `wait`.
+    ///
     /// # Errors
     /// [`Error::WouldBlock`](crate::Error::WouldBlock) if another owner holds it or anyone
     /// waits for it; backend errors.
@@ -359,9 +363,10 @@ impl FairLock {
     /// Waits at most `wait` for the lock, in FIFO order, then gives up and leaves the queue
     /// (without delaying the waiters behind). A zero `wait` is [`try_lock`](Self::try_lock).
     ///
-    /// It returns within `wait` plus about 50 ms, whatever the store does: a call in flight at
-    /// the deadline is given up, and leaving the queue goes on in the background if the store
-    /// is slow to answer.
+    /// With a `wait` above zero it returns within `wait` plus about 50 ms, whatever the store
+    /// does: a call in flight at the deadline is given up, and leaving the queue goes on in the
+    /// background if the store is slow to answer. A zero `wait` makes one call, as `try_lock`
+    /// does, which the backend's own command timeout bounds (10 s by default for Redis).
     ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out while the lock was busy;
