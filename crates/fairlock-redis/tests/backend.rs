@@ -1235,7 +1235,10 @@ async fn a_malformed_waiter_record_is_dropped_not_handed_the_lock() {
         let state = backend.inspect(&lock).await.unwrap();
         assert_eq!(state.holder, None, "TTL {malformed:?}");
         let fence_ttl: i64 = server.cli(&["PTTL", &key(&lock, "f")]).parse().unwrap();
-        assert!(fence_ttl > 0, "TTL {malformed:?}: the fence hash's PTTL is {fence_ttl}");
+        assert!(
+            fence_ttl > 0,
+            "TTL {malformed:?}: the fence hash's PTTL is {fence_ttl}"
+        );
     }
     // An attempt that is not one: dropped the same way.
     let (lock, a, b) = (name(), owner("a"), owner("b"));

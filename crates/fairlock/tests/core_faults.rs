@@ -61,6 +61,9 @@ struct Faulty {
     /// client re-sending after a reconnect, the first copy having landed).
     resend_next_acquire: Arc<AtomicBool>,
     resend_delay: Arc<Mutex<Duration>>,
+    /// Confirmations of a hand-over wait for `confirm_gate` before they reach the store.
+    gate_confirmations: Arc<AtomicBool>,
+    confirm_gate: Arc<tokio::sync::Notify>,
     /// Every acquire's reply comes this long after the store applied it.
     acquire_reply_delay: Arc<Mutex<Duration>>,
     /// Every release waits this long before it reaches the store.
@@ -105,6 +108,9 @@ impl LockBackend for Faulty {
             self.queued.lock().unwrap().insert(request.attempt);
         } else if confirming && self.stall_confirmations.load(SeqCst) {
             tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        if confirming && self.gate_confirmations.load(SeqCst) {
+            self.confirm_gate.notified().await;
         }
         if confirming && self.forget_next_hand_over.swap(false, SeqCst) {
             if let Some(holder) = self.inner.inspect(&request.name).await?.holder {
@@ -1004,4 +1010,42 @@ async fn a_release_that_finishes_before_the_re_entry_reply_is_not_a_stale_level(
     assert!(!waiter.is_finished(), "the other owner was handed the lock");
     again.unlock().await.unwrap();
     assert!(waiter.await.unwrap().unwrap() > token);
+}
+
+/// A hand-over whose confirmation is answered just before the guard's own deadline for it,
+/// and read just after (the confirming task was not run in between): `is_lease_lost` is true
+/// from the deadline on and must stay so (it went back to false when that reply was read), and
+/// the lost-lease signal fires.
+#[tokio::test(start_paused = true)]
+async fn a_confirmation_read_after_the_deadline_leaves_the_lease_lost() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let holder = client.fair_lock("x").unwrap();
+    let held = holder.lock().await.unwrap();
+    let waiter = client.fair_lock("x").unwrap();
+    let ttl = waiter.options().waiter_ttl;
+    // In paused time every call of the waiter is sent at this instant, so its guard trusts
+    // the hand-over until nine tenths of the TTL from now.
+    let deadline = tokio::time::Instant::now() + ttl - ttl / 10;
+    faulty.gate_confirmations.store(true, SeqCst);
+    let waiting = tokio::spawn(async move { waiter.lock().await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    held.unlock().await.unwrap();
+    let guard = waiting.await.unwrap().unwrap();
+    tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
+    assert!(!guard.is_lease_lost());
+    // The confirmation is answered now; the runtime gets to its task only past the deadline.
+    faulty.confirm_gate.notify_one();
+    tokio::time::advance(Duration::from_millis(2)).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let name = LockName::new("x").unwrap();
+    let stored = faulty.inner.inspect(&name).await.unwrap().holder.unwrap();
+    assert!(stored.confirmed, "the store confirmed the level");
+    assert!(
+        guard.is_lease_lost(),
+        "the lease came back after its deadline"
+    );
+    tokio::time::timeout(Duration::from_secs(1), guard.lease_lost())
+        .await
+        .expect("the lost-lease signal fires");
 }
