@@ -637,23 +637,29 @@ async fn confirm_hand_over(
     let first_sent = Instant::now();
     loop {
         match timeout_at(deadline, shared.backend.acquire(&request)).await {
-            // Confirmed, but read only once the guard's deadline had passed (`timeout_at`
-            // polls the call first): `is_lease_lost` has said true since then, and must not
-            // go back. The store's level ends with this guard's release.
-            Ok(Ok(AcquireOutcome::Granted(grant)))
-                if grant.token == token && Instant::now() >= deadline =>
-            {
-                level.mark_lost(
-                    &shared,
-                    token,
-                    "the hand-over was confirmed only after the guard's deadline",
-                );
-                return;
-            }
             Ok(Ok(AcquireOutcome::Granted(grant))) if grant.token == token => {
-                debug!(lock = %shared.name, owner = %shared.owner, token, "hand-over confirmed");
-                hold.extended(first_sent, lease);
-                level.unconfirmed_until.send_replace(None);
+                // Confirmed; but a reply read only once the guard's deadline had passed
+                // (`timeout_at` polls the call first) comes too late: `is_lease_lost` has
+                // said true since then, and must not go back. Decided under the watch's lock,
+                // which `Level::is_lost` reads the clock under too. The store's level then
+                // ends with this guard's release.
+                let in_time = level.unconfirmed_until.send_if_modified(|until| {
+                    let in_time = Instant::now() < deadline;
+                    if in_time {
+                        *until = None;
+                    }
+                    in_time
+                });
+                if in_time {
+                    debug!(lock = %shared.name, owner = %shared.owner, token, "hand-over confirmed");
+                    hold.extended(first_sent, lease);
+                } else {
+                    level.mark_lost(
+                        &shared,
+                        token,
+                        "the hand-over was confirmed only after the guard's deadline",
+                    );
+                }
                 return;
             }
             Ok(Ok(AcquireOutcome::Granted(stray))) => {

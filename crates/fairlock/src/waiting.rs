@@ -341,7 +341,7 @@ const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How many times a grant is counted again because releases of the handle finished around
 /// its call; each count is one more call, and another task of the handle would have to drop
-/// a guard during each.
+/// a guard during each. Past that the grant is used (see `unusable`).
 const RECOUNTS: usize = 3;
 
 /// The grant to use, or `Ok(None)` if `grant`, just made to `attempt`, must not be used: its
@@ -361,14 +361,16 @@ fn unusable(
     Box::pin(async move {
         let shared = &attempt.shared.clone();
         let deadline = attempt.deadline;
-        let patience = match deadline {
-            Some(deadline) => {
-                FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
-            }
-            None => FINISHING_PATIENCE,
-        };
         let mut grant = grant;
-        for _ in 0..RECOUNTS {
+        let mut recounts = 0;
+        loop {
+            // What is left of the wait, each time: a later pass must not wait past it.
+            let patience = match deadline {
+                Some(deadline) => {
+                    FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
+                }
+                None => FINISHING_PATIENCE,
+            };
             if !shared
                 .levels
                 .recount(grant.hold_count, patience, attempt.finished_at_send)
@@ -376,6 +378,17 @@ fn unusable(
             {
                 break;
             }
+            if recounts == RECOUNTS {
+                // Releases of the handle keep finishing around each count: its other calls
+                // are under way, and as with `Stale::Kept` the grant is used, not freed.
+                debug!(
+                    token = grant.token,
+                    hold_count = grant.hold_count,
+                    "releases of this handle keep changing the hold's count; using the grant"
+                );
+                return Some(Ok(Some(grant)));
+            }
+            recounts += 1;
             // Count again now that the handle's releases are done: the same attempt asked
             // again gets the same grant and the hold's current count (the store changes
             // nothing). Within the deadline like every call of the attempt.

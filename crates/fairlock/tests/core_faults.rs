@@ -1049,3 +1049,85 @@ async fn a_confirmation_read_after_the_deadline_leaves_the_lease_lost() {
         .await
         .expect("the lost-lease signal fires");
 }
+
+/// The bound of `try_lock_for` holds over several counts of a grant, not only the first: a
+/// sibling's release finishes during the first call (count again), and during the second
+/// count another task of the handle re-enters and drops its guard, whose release then stalls.
+/// The wait for that release must end at the caller's deadline; it was given the patience left
+/// when the first count began, and the call returned 130 ms late.
+#[tokio::test(start_paused = true)]
+async fn try_lock_for_keeps_its_bound_over_several_counts() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = Arc::new(client.fair_lock("x").unwrap());
+    let first = lock.lock().await.unwrap();
+    // Calls reach the store 30 ms after they are sent and are answered 100 ms after that;
+    // the first guard's release lands just after the caller's first call (its count: 2).
+    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    *faulty.release_delay.lock().unwrap() = Duration::from_millis(40);
+    let started = tokio::time::Instant::now();
+    drop(first);
+    let (sibling, link) = (lock.clone(), faulty.clone());
+    let other_task = tokio::spawn(async move {
+        // Just after the caller sent its second count (at 130 ms), and landing before it.
+        tokio::time::sleep(Duration::from_millis(131)).await;
+        *link.acquire_delay.lock().unwrap() = Duration::ZERO;
+        let second = sibling.lock().await.unwrap();
+        *link.release_delay.lock().unwrap() = Duration::from_secs(10);
+        drop(second);
+    });
+    let wait = Duration::from_millis(500);
+    let result = lock.try_lock_for(wait).await;
+    let took = started.elapsed();
+    assert!(
+        took <= wait + Duration::from_millis(50),
+        "try_lock_for({wait:?}) took {took:?} ({:?})",
+        result.map(|guard| guard.hold_count())
+    );
+    other_task.await.unwrap();
+}
+
+/// A grant counted again three times, a release of the handle finishing during each count
+/// (another task re-entering and dropping its guard each time): the handle's other calls are
+/// plainly under way, so the grant is used, as when they are seen in flight. It used to be
+/// judged stale after the third count and the caller's own hold force-released.
+#[tokio::test(start_paused = true)]
+async fn releases_finishing_around_every_count_do_not_free_the_callers_hold() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = Arc::new(client.fair_lock("x").unwrap());
+    let first = lock.lock().await.unwrap();
+    let token = first.fencing_token();
+    // The caller's calls reach the store 30 ms after they are sent, and every reply comes
+    // 100 ms after the store applied the call. Its counts are sent at 0, 130, 260 and 390 ms.
+    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    *faulty.release_delay.lock().unwrap() = Duration::from_millis(40);
+    let started = tokio::time::Instant::now();
+    drop(first);
+    let (sibling, link) = (lock.clone(), faulty.clone());
+    let other_task = tokio::spawn(async move {
+        for at in [131, 261, 391] {
+            // Right after the caller sent a count, a re-entry that lands before it, whose
+            // release finishes before the count's reply.
+            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
+            *link.release_delay.lock().unwrap() = Duration::ZERO;
+            let guard = sibling.lock().await.unwrap();
+            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+            drop(guard);
+        }
+    });
+    let again = lock
+        .try_lock()
+        .await
+        .expect("the caller's re-entry is its own");
+    assert_eq!(again.fencing_token(), token);
+    assert_eq!(
+        faulty.force_releases.load(SeqCst),
+        0,
+        "the caller's hold was freed"
+    );
+    other_task.await.unwrap();
+}
