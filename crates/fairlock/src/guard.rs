@@ -281,7 +281,8 @@ impl LockGuard {
     /// # Errors
     /// [`Error::InvalidArgument`] for a lease below 1 ms or above
     /// [`MAX_DURATION`](crate::MAX_DURATION); [`Error::LeaseLost`] if the store no longer
-    /// lists this hold (the lost-lease signal fires too); backend errors.
+    /// lists this hold, or its answer came only after the lease had run out by the local
+    /// clock (the lost-lease signal fires too); backend errors.
     ///
     /// # Cancel safety
     /// If cancelled, the extension may or may not have been applied; the guard stays valid.
@@ -299,7 +300,14 @@ impl LockGuard {
             .extend(&shared.name, &shared.owner, self.grant.token, lease)
             .await?;
         if extended {
-            self.hold.extended(sent, lease);
+            if !self.hold.extended(sent, lease) {
+                // Applied, but answered past the local deadline: the lease has been reported
+                // lost since then, and stays so.
+                self.hold.mark_lost(shared, LostReason::Expired);
+                return Err(Error::LeaseLost {
+                    name: shared.name.to_string(),
+                });
+            }
             Ok(())
         } else {
             self.hold.mark_lost(shared, LostReason::Revoked);
@@ -652,7 +660,9 @@ async fn confirm_hand_over(
                 });
                 if in_time {
                     debug!(lock = %shared.name, owner = %shared.owner, token, "hand-over confirmed");
-                    hold.extended(first_sent, lease);
+                    if !hold.extended(first_sent, lease) {
+                        hold.mark_lost(&shared, LostReason::Expired);
+                    }
                 } else {
                     level.mark_lost(
                         &shared,

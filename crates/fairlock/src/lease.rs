@@ -76,10 +76,9 @@ impl Holds {
         if let Some(hold) = map.get(&key).and_then(Weak::upgrade) {
             // A hold already lost stays lost; a new grant of the same token means the store
             // still has it, so that guard starts a fresh record instead.
-            if hold.is_lost() {
+            if *hold.lost.borrow() || !hold.raise_deadline(until) {
                 stale = Some(hold);
             } else {
-                hold.deadline.send_modify(|d| *d = (*d).max(until));
                 if watchdog {
                     let mut first = false;
                     hold.watchdogs.send_modify(|n| {
@@ -143,7 +142,28 @@ impl Hold {
     /// Lost when flagged, or once the deadline has passed even if the keeper task has not
     /// run yet to flag it.
     pub(crate) fn is_lost(&self) -> bool {
-        *self.lost.borrow() || Instant::now() >= *self.deadline.borrow()
+        // The clock is read under the deadline's lock, as `raise_deadline` reads it: once this
+        // has said true, no raise that started later can make it false.
+        *self.lost.borrow() || {
+            let deadline = self.deadline.borrow();
+            Instant::now() >= *deadline
+        }
+    }
+
+    /// Moves the deadline to `until` if that is later, unless it has passed already: a lease
+    /// counted lost from its deadline on never comes back, even when the store's answer that
+    /// renewed it in time is read only after. Whether the deadline had not passed.
+    fn raise_deadline(&self, until: Instant) -> bool {
+        let mut live = false;
+        self.deadline.send_if_modified(|deadline| {
+            live = Instant::now() < *deadline;
+            if live && until > *deadline {
+                *deadline = until;
+                return true;
+            }
+            false
+        });
+        live
     }
 
     pub(crate) fn mark_lost(&self, shared: &LockShared, why: LostReason) {
@@ -166,9 +186,11 @@ impl Hold {
     }
 
     /// Records a successful extension sent at `sent` for `lease`: the store's lease now ends
-    /// no earlier than that.
-    pub(crate) fn extended(&self, sent: Instant, lease: Duration) {
-        self.deadline.send_modify(|d| *d = (*d).max(sent + lease));
+    /// no earlier than that. `false` if the local deadline had passed by then: the caller
+    /// marks the hold lost (it has been reported so since the deadline).
+    #[must_use]
+    pub(crate) fn extended(&self, sent: Instant, lease: Duration) -> bool {
+        self.raise_deadline(sent + lease)
     }
 
     pub(crate) fn lost_receiver(&self) -> watch::Receiver<bool> {
@@ -261,7 +283,11 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
                     Ok(Ok(true)) => {
                         debug!(lock = %shared.name, owner = %shared.owner, token, "fairlock lease renewed");
                         shared.meter.renewal("renewed");
-                        hold.extended(sent, lease);
+                        if !hold.extended(sent, lease) {
+                            // Renewed in time by the store, but read past the local deadline.
+                            hold.mark_lost(&shared, LostReason::RenewalTimedOut);
+                            return;
+                        }
                         next_renewal = renewing.then(|| sent + watchdog_lease / 3);
                     }
                     Ok(Ok(false)) => {

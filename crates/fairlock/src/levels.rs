@@ -98,12 +98,16 @@ impl OwnLevels {
     /// this handle's tickets, includes a level nobody will release (or is a hold this handle
     /// set out to free); and if so, and that attempt is the handle's only one, the go-ahead
     /// to free the hold, whose token is never accepted again. (Releases on their way were
-    /// waited for by [`recount`](Self::recount) first.)
-    pub(crate) fn check(&self, token: u64, hold_count: u32) -> Stale {
+    /// waited for by [`recount`](Self::recount) first.) `finished_since`: releases and
+    /// abandons that finished after the grant's call was sent, whose levels the count may
+    /// still include.
+    pub(crate) fn check(&self, token: u64, hold_count: u32, finished_since: u64) -> Stale {
         let mut state = self.state();
         let doomed = state.doomed.contains(&token);
-        let extra =
-            self.exclusive.load(Ordering::Relaxed) && hold_count as usize > state.outstanding;
+        let explained = state
+            .outstanding
+            .saturating_add(usize::try_from(finished_since).unwrap_or(usize::MAX));
+        let extra = self.exclusive.load(Ordering::Relaxed) && hold_count as usize > explained;
         if !doomed && !extra {
             return Stale::No;
         }

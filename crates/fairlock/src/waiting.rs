@@ -341,7 +341,8 @@ const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How many times a grant is counted again because releases of the handle finished around
 /// its call; each count is one more call, and another task of the handle would have to drop
-/// a guard during each. Past that the grant is used (see `unusable`).
+/// a guard during each. Past that the grant is judged allowing for those releases (see
+/// `unusable`).
 const RECOUNTS: usize = 3;
 
 /// The grant to use, or `Ok(None)` if `grant`, just made to `attempt`, must not be used: its
@@ -363,6 +364,7 @@ fn unusable(
         let deadline = attempt.deadline;
         let mut grant = grant;
         let mut recounts = 0;
+        let mut finished_since = 0;
         loop {
             // What is left of the wait, each time: a later pass must not wait past it.
             let patience = match deadline {
@@ -379,14 +381,20 @@ fn unusable(
                 break;
             }
             if recounts == RECOUNTS {
-                // Releases of the handle keep finishing around each count: its other calls
-                // are under way, and as with `Stale::Kept` the grant is used, not freed.
+                // Releases of the handle keep finishing around each count: the levels they
+                // took away may still be in this one, and are allowed for; a level beyond
+                // those is stale all the same.
+                finished_since = shared
+                    .levels
+                    .finished()
+                    .saturating_sub(attempt.finished_at_send);
                 debug!(
                     token = grant.token,
                     hold_count = grant.hold_count,
-                    "releases of this handle keep changing the hold's count; using the grant"
+                    finished_since,
+                    "releases of this handle keep changing the hold's count; judging it as it is"
                 );
-                return Some(Ok(Some(grant)));
+                break;
             }
             recounts += 1;
             // Count again now that the handle's releases are done: the same attempt asked
@@ -403,7 +411,10 @@ fn unusable(
                 }
             }
         }
-        match shared.levels.check(grant.token, grant.hold_count) {
+        match shared
+            .levels
+            .check(grant.token, grant.hold_count, finished_since)
+        {
             Stale::No => Some(Ok(Some(grant))),
             Stale::Kept => {
                 debug!(

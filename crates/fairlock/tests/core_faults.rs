@@ -64,6 +64,9 @@ struct Faulty {
     /// Confirmations of a hand-over wait for `confirm_gate` before they reach the store.
     gate_confirmations: Arc<AtomicBool>,
     confirm_gate: Arc<tokio::sync::Notify>,
+    /// Extensions are applied, and their replies wait for `extend_gate`.
+    gate_extends: Arc<AtomicBool>,
+    extend_gate: Arc<tokio::sync::Notify>,
     /// Every acquire's reply comes this long after the store applied it.
     acquire_reply_delay: Arc<Mutex<Duration>>,
     /// Every release waits this long before it reaches the store.
@@ -187,7 +190,11 @@ impl LockBackend for Faulty {
         token: u64,
         lease: Duration,
     ) -> Result<bool> {
-        self.inner.extend(name, owner, token, lease).await
+        let extended = self.inner.extend(name, owner, token, lease).await;
+        if self.gate_extends.load(SeqCst) {
+            self.extend_gate.notified().await;
+        }
+        extended
     }
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
@@ -1129,5 +1136,94 @@ async fn releases_finishing_around_every_count_do_not_free_the_callers_hold() {
         0,
         "the caller's hold was freed"
     );
+    other_task.await.unwrap();
+}
+
+/// A watchdog renewal answered just before the guard's deadline and read just after: the
+/// lease has been reported lost since the deadline and must stay so (the renewal used to move
+/// the deadline back past it), and the lost-lease signal fires.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_read_after_the_deadline_leaves_the_lease_lost() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("fairlock=debug")
+        .with_test_writer()
+        .try_init();
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = client.fair_lock("x").unwrap();
+    let lease = lock.options().watchdog_lease;
+    let guard = lock.lock().await.unwrap();
+    let deadline = tokio::time::Instant::now() + lease;
+    faulty.gate_extends.store(true, SeqCst);
+    tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
+    assert!(!guard.is_lease_lost());
+    // The renewal (applied at a third of the lease, so the store's lease is longer) is
+    // answered now; its task runs only past the deadline.
+    faulty.extend_gate.notify_one();
+    tokio::time::advance(Duration::from_millis(2)).await;
+    eprintln!(
+        "after advance: lost {} remaining {:?}",
+        guard.is_lease_lost(),
+        guard.lease_remaining()
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    eprintln!(
+        "after sleep: lost {} remaining {:?}",
+        guard.is_lease_lost(),
+        guard.lease_remaining()
+    );
+    assert!(
+        guard.is_lease_lost(),
+        "the lease came back after its deadline"
+    );
+    tokio::time::timeout(Duration::from_secs(1), guard.lease_lost())
+        .await
+        .expect("the lost-lease signal fires");
+}
+
+/// A stale level (a release the store lost) in a hold whose count keeps changing around every
+/// count of the caller's grant: the releases that finished meanwhile explain one level, not
+/// two, so the stale one is still found and the hold freed, not re-entered.
+#[tokio::test(start_paused = true)]
+async fn a_stale_level_is_found_while_releases_finish_around_every_count() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = Arc::new(client.fair_lock("x").unwrap());
+    let first = lock.lock().await.unwrap();
+    let token = first.fencing_token();
+    let lost = lock.lock().await.unwrap();
+    faulty.lose_next_release.store(true, SeqCst);
+    lost.unlock().await.unwrap();
+    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    *faulty.release_delay.lock().unwrap() = Duration::from_millis(40);
+    let started = tokio::time::Instant::now();
+    drop(first);
+    let (sibling, link) = (lock.clone(), faulty.clone());
+    let other_task = tokio::spawn(async move {
+        for at in [131, 261, 391] {
+            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
+            *link.release_delay.lock().unwrap() = Duration::ZERO;
+            let guard = sibling.lock().await.unwrap();
+            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+            drop(guard);
+        }
+    });
+    let again = lock
+        .try_lock()
+        .await
+        .expect("the lock is free once the stale hold goes");
+    assert_eq!(
+        faulty.force_releases.load(SeqCst),
+        1,
+        "the stale hold was not freed"
+    );
+    assert_ne!(
+        again.fencing_token(),
+        token,
+        "the stale level was re-entered"
+    );
+    assert_eq!(again.hold_count(), 1);
     other_task.await.unwrap();
 }
