@@ -104,12 +104,18 @@ impl OwnLevels {
     pub(crate) fn check(&self, token: u64, hold_count: u32, finished_since: u64) -> Stale {
         let mut state = self.state();
         let doomed = state.doomed.contains(&token);
+        let exclusive = self.exclusive.load(Ordering::Relaxed);
+        let extra = exclusive && hold_count as usize > state.outstanding;
+        if !doomed && !extra {
+            return Stale::No;
+        }
         let explained = state
             .outstanding
             .saturating_add(usize::try_from(finished_since).unwrap_or(usize::MAX));
-        let extra = self.exclusive.load(Ordering::Relaxed) && hold_count as usize > explained;
-        if !doomed && !extra {
-            return Stale::No;
+        if !doomed && state.outstanding <= 1 && hold_count as usize <= explained {
+            // The finished releases may have taken the extra levels away after the store
+            // counted them, or may never have been in this count: neither use nor free.
+            return Stale::Unsure;
         }
         if !doomed && state.outstanding > 1 {
             // Other calls of this handle may hold a level of this hold: freeing it would take
@@ -175,6 +181,9 @@ pub(crate) enum Stale {
     Kept,
     /// Not to be used: free the hold, then queue anew.
     Free,
+    /// Releases of the handle that finished around the grant's call may account for its extra
+    /// levels, or not: neither used nor freed; the caller starts over as a fresh attempt.
+    Unsure,
 }
 
 /// One attempt's claim on a level: held by the attempt, then by its guard, then by the

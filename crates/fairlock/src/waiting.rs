@@ -341,7 +341,7 @@ const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How many times a grant is counted again because releases of the handle finished around
 /// its call; each count is one more call, and another task of the handle would have to drop
-/// a guard during each. Past that the grant is judged allowing for those releases (see
+/// a guard during each. Past that a grant those releases may explain is not used (see
 /// `unusable`).
 const RECOUNTS: usize = 3;
 
@@ -382,8 +382,8 @@ fn unusable(
             }
             if recounts == RECOUNTS {
                 // Releases of the handle keep finishing around each count: the levels they
-                // took away may still be in this one, and are allowed for; a level beyond
-                // those is stale all the same.
+                // took away may still be in this one. A level beyond those is stale all the
+                // same; one they may explain is neither used nor freed (`Stale::Unsure`).
                 finished_since = shared
                     .levels
                     .finished()
@@ -416,6 +416,15 @@ fn unusable(
             .check(grant.token, grant.hold_count, finished_since)
         {
             Stale::No => Some(Ok(Some(grant))),
+            Stale::Unsure => {
+                debug!(
+                    token = grant.token,
+                    hold_count = grant.hold_count,
+                    "releases of this handle keep finishing around its counts; starting over"
+                );
+                attempt.renew();
+                Some(Ok(None))
+            }
             Stale::Kept => {
                 debug!(
                     token = grant.token,
