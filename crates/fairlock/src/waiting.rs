@@ -422,7 +422,16 @@ fn unusable(
                     hold_count = grant.hold_count,
                     "releases of this handle keep finishing around its counts; starting over"
                 );
-                attempt.renew();
+                // The fresh attempt's first count must not find this one's level, or its
+                // abandon on the way (a ticket still counted): wait for it, within the wait.
+                if let Some(cleanup) = attempt.renew_after_cleanup() {
+                    let patience = match deadline {
+                        Some(deadline) => FINISHING_PATIENCE
+                            .min(deadline.saturating_duration_since(Instant::now())),
+                        None => FINISHING_PATIENCE,
+                    };
+                    let _ = tokio::time::timeout(patience, cleanup).await;
+                }
                 Some(Ok(None))
             }
             Stale::Kept => {
@@ -668,13 +677,19 @@ impl Attempt {
 
     /// Gives up this attempt's id (in the background) and goes on under a fresh one.
     fn renew(&mut self) {
-        drop(self.start_cleanup());
+        drop(self.renew_after_cleanup());
+    }
+
+    /// [`renew`](Self::renew), returning the old attempt's clean-up, to wait for.
+    fn renew_after_cleanup(&mut self) -> Option<JoinHandle<()>> {
+        let cleanup = self.start_cleanup();
         // The clean-up keeps the old ticket until it is done.
         self.ticket = self.shared.levels.register();
         self.id = AttemptId::random();
         self.sent = false;
         self.finished = false;
         tracing::Span::current().record("attempt", tracing::field::display(self.id));
+        cleanup
     }
 
     /// A call failed transiently (the store is unreachable or failing over): pauses before

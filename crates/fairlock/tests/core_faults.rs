@@ -67,6 +67,8 @@ struct Faulty {
     /// Extensions are applied, and their replies wait for `extend_gate`.
     gate_extends: Arc<AtomicBool>,
     extend_gate: Arc<tokio::sync::Notify>,
+    /// Every abandon waits this long before it reaches the store.
+    abandon_delay: Arc<Mutex<Duration>>,
     /// Every acquire's reply comes this long after the store applied it.
     acquire_reply_delay: Arc<Mutex<Duration>>,
     /// Every release waits this long before it reaches the store.
@@ -198,6 +200,10 @@ impl LockBackend for Faulty {
     }
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        let delay = *self.abandon_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         if self.fail_next_abandon.swap(false, SeqCst) {
             return Err(down());
         }
@@ -1265,4 +1271,45 @@ async fn a_count_the_finished_releases_may_explain_is_neither_used_nor_freed() {
     let fresh = lock.try_lock().await.expect("the lock is free");
     assert_ne!(fresh.fencing_token(), stale_token);
     assert_eq!(fresh.hold_count(), 1);
+}
+
+/// The same, with a deadline near and the caller's own abandon slow: starting over, the fresh
+/// attempt's count must not be judged while that abandon is still on its way (its ticket
+/// counted as another call's, the stale level was kept and re-entered).
+#[tokio::test(start_paused = true)]
+async fn starting_over_waits_for_its_own_abandon() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = Arc::new(client.fair_lock("x").unwrap());
+    let first = lock.lock().await.unwrap();
+    let stale_token = first.fencing_token();
+    let lost = lock.lock().await.unwrap();
+    faulty.lose_next_release.store(true, SeqCst);
+    lost.unlock().await.unwrap();
+    first.unlock().await.unwrap();
+    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    *faulty.abandon_delay.lock().unwrap() = Duration::from_millis(200);
+    let started = tokio::time::Instant::now();
+    let (sibling, link) = (lock.clone(), faulty.clone());
+    let other_task = tokio::spawn(async move {
+        for at in [1, 131, 261, 391] {
+            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
+            *link.acquire_reply_delay.lock().unwrap() = Duration::ZERO;
+            let guard = sibling.lock().await.unwrap();
+            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+            *link.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+            guard.unlock().await.unwrap();
+        }
+    });
+    let result = lock.try_lock_for(Duration::from_millis(700)).await;
+    other_task.await.unwrap();
+    if let Ok(guard) = &result {
+        assert_ne!(
+            guard.fencing_token(),
+            stale_token,
+            "the stale level was re-entered"
+        );
+    }
 }
