@@ -25,7 +25,13 @@
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
 //! guard dropped just before the next `lock()` does not hide a stale level. One that finished
 //! after the grant's call was sent may have taken its level away after the store counted it,
-//! while its ticket is gone already: that grant is counted again too.
+//! while its ticket is gone already: that grant is counted again too, a few times. If
+//! releases keep finishing around every count, a count they may explain is neither used nor
+//! freed: the attempt gives its level up and starts over.
+//!
+//! Every wait for releases on their way is bounded (a second, and the caller's deadline):
+//! a release slower than that is judged as if it had not happened, so its level counts as
+//! live while its ticket does.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
