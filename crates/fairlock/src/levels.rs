@@ -34,7 +34,7 @@
 //! live while its ticket does.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,14 +54,15 @@ pub(crate) struct OwnLevels {
     state: Mutex<State>,
     /// How many releases and abandons are on their way to the store.
     finishing: watch::Sender<usize>,
-    /// How many have finished, ever: counted before `finishing` goes down.
-    finished: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// Live tickets.
     outstanding: usize,
+    /// Tickets dropped, ever: every level the handle took away from the store (a release, an
+    /// abandon) was taken before its ticket was dropped, in the same step as `outstanding`.
+    dropped: u64,
     /// Tokens of holds this handle freed, or set out to free: never re-entered.
     doomed: VecDeque<u64>,
 }
@@ -72,7 +73,6 @@ impl OwnLevels {
             exclusive: AtomicBool::new(exclusive),
             state: Mutex::new(State::default()),
             finishing: watch::Sender::new(0),
-            finished: AtomicU64::new(0),
         })
     }
 
@@ -104,24 +104,39 @@ impl OwnLevels {
     /// this handle's tickets, includes a level nobody will release (or is a hold this handle
     /// set out to free); and if so, and that attempt is the handle's only one, the go-ahead
     /// to free the hold, whose token is never accepted again. (Releases on their way were
-    /// waited for by [`recount`](Self::recount) first.) `finished_since`: releases and
-    /// abandons that finished after the grant's call was sent, whose levels the count may
-    /// still include.
-    pub(crate) fn check(&self, token: u64, hold_count: u32, finished_since: u64) -> Stale {
+    /// waited for by [`recount`](Self::recount) first.)
+    ///
+    /// `dropped_before`: [`dropped`](Self::dropped) when the grant's call was sent. A ticket
+    /// dropped since may have taken its level away after the store counted it: then the
+    /// grant is to be counted again (`Recount`, if `may_recount`), or neither used nor freed.
+    /// Decided on one reading of the tickets, so a release that ends meanwhile is seen whole.
+    pub(crate) fn check(
+        &self,
+        token: u64,
+        hold_count: u32,
+        dropped_before: u64,
+        may_recount: bool,
+    ) -> Stale {
         let mut state = self.state();
         let doomed = state.doomed.contains(&token);
-        let exclusive = self.exclusive.load(Ordering::Relaxed);
-        let extra = exclusive && hold_count as usize > state.outstanding;
+        let extra =
+            self.exclusive.load(Ordering::Relaxed) && hold_count as usize > state.outstanding;
         if !doomed && !extra {
             return Stale::No;
         }
-        let explained = state
-            .outstanding
-            .saturating_add(usize::try_from(finished_since).unwrap_or(usize::MAX));
-        if !doomed && state.outstanding <= 1 && hold_count as usize <= explained {
-            // The finished releases may have taken the extra levels away after the store
-            // counted them, or may never have been in this count: neither use nor free.
-            return Stale::Unsure;
+        let dropped_since = state.dropped.saturating_sub(dropped_before);
+        if !doomed && dropped_since > 0 {
+            if may_recount {
+                return Stale::Recount;
+            }
+            let explained = state
+                .outstanding
+                .saturating_add(usize::try_from(dropped_since).unwrap_or(usize::MAX));
+            if state.outstanding <= 1 && hold_count as usize <= explained {
+                // The levels of those tickets may have been taken away after the store
+                // counted them, or may never have been in this count: neither use nor free.
+                return Stale::Unsure;
+            }
         }
         if !doomed && state.outstanding > 1 {
             // Other calls of this handle may hold a level of this hold: freeing it would take
@@ -137,39 +152,27 @@ impl OwnLevels {
         Stale::Free
     }
 
-    /// How many releases and abandons have finished: read before a call is sent, and given
-    /// to [`recount`](Self::recount) with its grant.
-    pub(crate) fn finished(&self) -> u64 {
-        self.finished.load(Ordering::SeqCst)
+    /// How many tickets have been dropped: read before a call is sent, and given to
+    /// [`check`](Self::check) with its grant.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.state().dropped
     }
 
     /// Whether a re-entry (`hold_count` above 1) must be counted again before it is used:
     /// a release or abandon of this handle is on its way, and the level it is taking away
-    /// may be the one the store will keep (a lost release); or one finished since the call
-    /// was sent (`finished_before` was [`finished`](Self::finished) then), and the store may
-    /// have counted its level before taking it away. Waits (at most `patience`) for those on
-    /// their way to finish; the caller then asks the store for the hold's count again.
-    pub(crate) async fn recount(
-        &self,
-        hold_count: u32,
-        patience: Duration,
-        finished_before: u64,
-    ) -> bool {
+    /// may be the one the store will keep (a lost release). Waits (at most `patience`) for
+    /// them to finish; the caller then asks the store for the hold's count again.
+    pub(crate) async fn recount(&self, hold_count: u32, patience: Duration) -> bool {
         let mut finishing = self.finishing.subscribe();
         {
             let state = self.state();
-            // In this order: a release counts itself finished before it leaves `finishing`.
             let in_flight = *finishing.borrow_and_update();
-            let finished_since = self.finished() != finished_before;
             if !self.exclusive.load(Ordering::Relaxed)
                 || hold_count <= 1
-                || (in_flight == 0 && !finished_since)
+                || in_flight == 0
                 || state.outstanding > in_flight + 1
             {
                 return false;
-            }
-            if in_flight == 0 {
-                return true;
             }
         }
         let drained = finishing.wait_for(|n| *n == 0);
@@ -187,8 +190,10 @@ pub(crate) enum Stale {
     Kept,
     /// Not to be used: free the hold, then queue anew.
     Free,
-    /// Releases of the handle that finished around the grant's call may account for its extra
-    /// levels, or not: neither used nor freed; the caller starts over as a fresh attempt.
+    /// A ticket was dropped since the grant's call was sent: ask for the grant again.
+    Recount,
+    /// Tickets dropped around the grant's call (counted again as often as allowed) may
+    /// account for its extra levels, or not: neither used nor freed; the caller starts over.
     Unsure,
 }
 
@@ -207,6 +212,7 @@ impl Drop for TicketInner {
     fn drop(&mut self) {
         let mut state = self.0.state();
         state.outstanding = state.outstanding.saturating_sub(1);
+        state.dropped += 1;
     }
 }
 
@@ -216,7 +222,6 @@ pub(crate) struct Finishing(Arc<OwnLevels>);
 
 impl Drop for Finishing {
     fn drop(&mut self) {
-        self.0.finished.fetch_add(1, Ordering::SeqCst);
         self.0.finishing.send_modify(|n| *n = n.saturating_sub(1));
     }
 }

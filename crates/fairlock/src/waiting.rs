@@ -340,9 +340,9 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
 const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How many times a grant is counted again because releases of the handle finished around
-/// its call; each count is one more call, and another task of the handle would have to drop
-/// a guard during each. Past that a grant those releases may explain is not used (see
-/// `unusable`).
+/// its call (or were on their way); each count is one more call, and another task of the
+/// handle would have to drop a guard during each. Past that a grant those releases may
+/// explain is not used (see `unusable`).
 const RECOUNTS: usize = 3;
 
 /// The grant to use, or `Ok(None)` if `grant`, just made to `attempt`, must not be used: its
@@ -364,8 +364,7 @@ fn unusable(
         let deadline = attempt.deadline;
         let mut grant = grant;
         let mut recounts = 0;
-        let mut finished_since = 0;
-        loop {
+        let stale = loop {
             // What is left of the wait, each time: a later pass must not wait past it.
             let patience = match deadline {
                 Some(deadline) => {
@@ -373,28 +372,21 @@ fn unusable(
                 }
                 None => FINISHING_PATIENCE,
             };
-            if !shared
-                .levels
-                .recount(grant.hold_count, patience, attempt.finished_at_send)
-                .await
-            {
-                break;
-            }
-            if recounts == RECOUNTS {
-                // Releases of the handle keep finishing around each count: the levels they
-                // took away may still be in this one. A level beyond those is stale all the
-                // same; one they may explain is neither used nor freed (`Stale::Unsure`).
-                finished_since = shared
-                    .levels
-                    .finished()
-                    .saturating_sub(attempt.finished_at_send);
-                debug!(
-                    token = grant.token,
-                    hold_count = grant.hold_count,
-                    finished_since,
-                    "releases of this handle keep changing the hold's count; judging it as it is"
-                );
-                break;
+            let waited = shared.levels.recount(grant.hold_count, patience).await;
+            if !waited || recounts == RECOUNTS {
+                // Tickets dropped since the call was sent may have taken their levels away
+                // after the store counted them: counted again, as often as allowed; past
+                // that, a count they may explain is neither used nor freed (`Unsure`).
+                let may_recount = recounts < RECOUNTS;
+                match shared.levels.check(
+                    grant.token,
+                    grant.hold_count,
+                    attempt.dropped_at_send,
+                    may_recount,
+                ) {
+                    Stale::Recount => {}
+                    stale => break stale,
+                }
             }
             recounts += 1;
             // Count again now that the handle's releases are done: the same attempt asked
@@ -410,13 +402,11 @@ fn unusable(
                     return Some(Ok(None));
                 }
             }
-        }
-        match shared
-            .levels
-            .check(grant.token, grant.hold_count, finished_since)
-        {
+        };
+        match stale {
             Stale::No => Some(Ok(Some(grant))),
-            Stale::Unsure => {
+            // (`Recount` comes only while allowed, and the loop then counts again.)
+            Stale::Unsure | Stale::Recount => {
                 debug!(
                     token = grant.token,
                     hold_count = grant.hold_count,
@@ -578,9 +568,9 @@ struct Attempt {
     /// Counts this attempt among the levels the handle may have, until it and its clean-up
     /// (or its guard and release) are done with the store.
     ticket: LevelTicket,
-    /// How many of the handle's releases and abandons had finished when the last call was
-    /// sent (see `OwnLevels::recount`).
-    finished_at_send: u64,
+    /// How many of the handle's tickets had been dropped when the last call was sent (see
+    /// `OwnLevels::check`).
+    dropped_at_send: u64,
 }
 
 impl Attempt {
@@ -593,7 +583,7 @@ impl Attempt {
         Attempt {
             outage: Outage::new(shared.options.outage_budget, heartbeat(&shared)),
             ticket: shared.levels.register(),
-            finished_at_send: 0,
+            dropped_at_send: 0,
             shared,
             runtime,
             id: AttemptId::random(),
@@ -620,7 +610,7 @@ impl Attempt {
             queue,
         };
         self.sent = true;
-        self.finished_at_send = self.shared.levels.finished();
+        self.dropped_at_send = self.shared.levels.dropped();
         let sent = Instant::now();
         self.calling_since = Some(sent);
         // If this future is dropped here, `calling_since` stays: the outcome is unknown.
