@@ -23,11 +23,11 @@
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
-//! guard dropped just before the next `lock()` does not hide a stale level. One that finished
-//! after the grant's call was sent may have taken its level away after the store counted it,
-//! while its ticket is gone already: that grant is counted again too, a few times. If
-//! releases keep finishing around every count, a count they may explain is neither used nor
-//! freed: the attempt gives its level up and starts over.
+//! guard dropped just before the next `lock()` does not hide a stale level. A ticket dropped
+//! after the grant's call was sent (a release or abandon that finished) may have taken its
+//! level away after the store counted it: that grant is counted again too, a few times. If
+//! tickets keep being dropped around every count, a count they may explain is neither used
+//! nor freed: the attempt gives its level up and starts over.
 //!
 //! Every wait for releases on their way is bounded (a second, and the caller's deadline):
 //! a release slower than that is judged as if it had not happened, so its level counts as
@@ -125,14 +125,15 @@ impl OwnLevels {
             return Stale::No;
         }
         let dropped_since = state.dropped.saturating_sub(dropped_before);
-        if !doomed && dropped_since > 0 {
+        // Only when it would be freed: with other calls under way the grant is used anyway.
+        if !doomed && dropped_since > 0 && state.outstanding <= 1 {
             if may_recount {
                 return Stale::Recount;
             }
             let explained = state
                 .outstanding
                 .saturating_add(usize::try_from(dropped_since).unwrap_or(usize::MAX));
-            if state.outstanding <= 1 && hold_count as usize <= explained {
+            if hold_count as usize <= explained {
                 // The levels of those tickets may have been taken away after the store
                 // counted them, or may never have been in this count: neither use nor free.
                 return Stale::Unsure;

@@ -339,10 +339,10 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
 /// abandons on their way before it is judged (see `levels.rs`).
 const FINISHING_PATIENCE: Duration = Duration::from_secs(1);
 
-/// How many times a grant is counted again because releases of the handle finished around
-/// its call (or were on their way); each count is one more call, and another task of the
-/// handle would have to drop a guard during each. Past that a grant those releases may
-/// explain is not used (see `unusable`).
+/// How many times a grant is counted again because tickets of the handle were dropped around
+/// its call (a release or abandon finished) or releases were on their way; each count is one
+/// more call, and another task of the handle would have to end a call during each. Past that
+/// a grant those may explain is not used (see `unusable`).
 const RECOUNTS: usize = 3;
 
 /// The grant to use, or `Ok(None)` if `grant`, just made to `attempt`, must not be used: its
@@ -410,7 +410,7 @@ fn unusable(
                 debug!(
                     token = grant.token,
                     hold_count = grant.hold_count,
-                    "releases of this handle keep finishing around its counts; starting over"
+                    "calls of this handle keep ending around its counts; starting over"
                 );
                 // The fresh attempt's first count must not find this one's level, or its
                 // abandon on the way (a ticket still counted): wait for it, within the wait.
