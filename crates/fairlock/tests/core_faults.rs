@@ -1226,33 +1226,8 @@ async fn a_stale_level_is_found_while_releases_finish_around_every_count() {
 /// (it did, allowing for them) nor frees a hold that may be its own, but starts over.
 #[tokio::test(start_paused = true)]
 async fn a_count_the_finished_releases_may_explain_is_neither_used_nor_freed() {
-    let faulty = Faulty::default();
-    let client = LockClient::new(faulty.clone());
-    let lock = Arc::new(client.fair_lock("x").unwrap());
-    let first = lock.lock().await.unwrap();
-    let stale_token = first.fencing_token();
-    let lost = lock.lock().await.unwrap();
-    faulty.lose_next_release.store(true, SeqCst);
-    lost.unlock().await.unwrap();
-    first.unlock().await.unwrap();
-    // The store keeps `lost`'s level; the handle has no call under way.
-    // The caller's calls reach the store 30 ms after they are sent and are answered 100 ms
-    // after that: sent at 0, 130, 260 and 390 ms.
-    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
-    let started = tokio::time::Instant::now();
-    let (sibling, link) = (lock.clone(), faulty.clone());
-    let other_task = tokio::spawn(async move {
-        for at in [1, 131, 261, 391] {
-            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
-            *link.acquire_reply_delay.lock().unwrap() = Duration::ZERO;
-            let guard = sibling.lock().await.unwrap();
-            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-            *link.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
-            guard.unlock().await.unwrap();
-        }
-    });
+    let (faulty, lock, stale_token) = stale_level().await;
+    let other_task = churn_around_counts(&faulty, &lock);
     let result = lock.try_lock().await;
     other_task.await.unwrap();
     if let Ok(guard) = &result {
@@ -1278,31 +1253,9 @@ async fn a_count_the_finished_releases_may_explain_is_neither_used_nor_freed() {
 /// counted as another call's, the stale level was kept and re-entered).
 #[tokio::test(start_paused = true)]
 async fn starting_over_waits_for_its_own_abandon() {
-    let faulty = Faulty::default();
-    let client = LockClient::new(faulty.clone());
-    let lock = Arc::new(client.fair_lock("x").unwrap());
-    let first = lock.lock().await.unwrap();
-    let stale_token = first.fencing_token();
-    let lost = lock.lock().await.unwrap();
-    faulty.lose_next_release.store(true, SeqCst);
-    lost.unlock().await.unwrap();
-    first.unlock().await.unwrap();
-    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    let (faulty, lock, stale_token) = stale_level().await;
     *faulty.abandon_delay.lock().unwrap() = Duration::from_millis(200);
-    let started = tokio::time::Instant::now();
-    let (sibling, link) = (lock.clone(), faulty.clone());
-    let other_task = tokio::spawn(async move {
-        for at in [1, 131, 261, 391] {
-            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
-            *link.acquire_reply_delay.lock().unwrap() = Duration::ZERO;
-            let guard = sibling.lock().await.unwrap();
-            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-            *link.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
-            guard.unlock().await.unwrap();
-        }
-    });
+    let other_task = churn_around_counts(&faulty, &lock);
     let result = lock.try_lock_for(Duration::from_millis(700)).await;
     other_task.await.unwrap();
     if let Ok(guard) = &result {
@@ -1312,4 +1265,40 @@ async fn starting_over_waits_for_its_own_abandon() {
             "the stale level was re-entered"
         );
     }
+}
+
+/// A handle whose hold keeps a level the store kept after a lost release, and no call of the
+/// handle under way: the backend, the handle, and the hold's token.
+async fn stale_level() -> (Faulty, Arc<FairLock>, u64) {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = Arc::new(client.fair_lock("x").unwrap());
+    let first = lock.lock().await.unwrap();
+    let stale_token = first.fencing_token();
+    let lost = lock.lock().await.unwrap();
+    faulty.lose_next_release.store(true, SeqCst);
+    lost.unlock().await.unwrap();
+    first.unlock().await.unwrap();
+    (faulty, lock, stale_token)
+}
+
+/// From now on the caller's calls reach the store 30 ms after they are sent and are answered
+/// 100 ms after that, so a caller that starts now counts at 0, 130, 260 and 390 ms; another
+/// task of the handle re-enters and releases 1 ms after each, both landing before the count.
+fn churn_around_counts(faulty: &Faulty, lock: &Arc<FairLock>) -> tokio::task::JoinHandle<()> {
+    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    let started = tokio::time::Instant::now();
+    let (sibling, link) = (lock.clone(), faulty.clone());
+    tokio::spawn(async move {
+        for at in [1, 131, 261, 391] {
+            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
+            *link.acquire_reply_delay.lock().unwrap() = Duration::ZERO;
+            let guard = sibling.lock().await.unwrap();
+            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+            *link.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+            guard.unlock().await.unwrap();
+        }
+    })
 }
