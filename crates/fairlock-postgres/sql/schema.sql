@@ -183,8 +183,11 @@ $$;
 -- The first live queue entry of the lock (all NULLs if none). Deletes up to 8 expired entries
 -- from anywhere in the queue, then any expired ones in front of the head: each entry is
 -- deleted once, so this is amortised O(log n) in the queue length (index scans only).
+-- (This and _gc find a few rows of a lock by index order. Before the table's statistics
+-- know how many rows a lock has, the planner may read all of its rows instead, with a bitmap
+-- or sequential scan and a sort: so neither is used.)
 CREATE OR REPLACE FUNCTION @schema@._head(p_name text, v_now timestamptz)
-RETURNS @schema@.waiters LANGUAGE plpgsql AS $$
+RETURNS @schema@.waiters LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
 DECLARE
     w @schema@.waiters;
     v_seq bigint;
@@ -277,7 +280,7 @@ END $$;
 -- waiters left go with them). SKIP LOCKED: it never waits for anyone, so it cannot close a
 -- cycle of waits; and it touches another lock's queue only while holding that lock's row.
 CREATE OR REPLACE FUNCTION @schema@._gc(p_name text, v_now timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
 DECLARE
     v_name text;
     v_attempt uuid;
@@ -297,8 +300,12 @@ BEGIN
     LOOP
         DELETE FROM @schema@.forced WHERE name = v_name AND token = v_token;
     END LOOP;
+    -- The oldest dead entry of any lock, the caller's own included: passing over the
+    -- caller's own (an index on the deadline alone cannot) would walk every dead waiter of
+    -- its lock on every call. The caller holds its own lock's row, so locking it again
+    -- succeeds; its dead entries are dead to whatever it decided too.
     SELECT name INTO v_name FROM @schema@.waiters
-    WHERE deadline <= v_now AND name <> p_name
+    WHERE deadline <= v_now
     ORDER BY deadline LIMIT 1;
     IF FOUND THEN
         PERFORM 1 FROM @schema@.locks WHERE name = v_name FOR UPDATE SKIP LOCKED;

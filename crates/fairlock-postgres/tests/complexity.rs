@@ -293,3 +293,55 @@ async fn costs(
         ("release", release),
     ]
 }
+
+/// Waiters that died behind a live head (their processes gone, no heartbeat, no abandon) are
+/// cleared a few per call (8 by the head's lookup, 8 by the clean-up), and no call walks
+/// them. The clean-up looked for the oldest expired entry of *another* lock through an index
+/// on the deadline alone, passing over every dead entry of the caller's own lock on every
+/// call: 1,266 buffers for a heartbeat with 2,000 dead behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiters_behind_a_live_head_are_not_walked() {
+    const DEAD: usize = 4000;
+    // A call that also deletes 16 dead entries touches about 4 buffers for each (126 in all
+    // here, with 500 dead as with 8,000).
+    const CLEARING_BUDGET: u64 = 2 * BUDGET;
+    let server = Server::start();
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+
+    let lock = name();
+    let holding = request(&lock, &owner("holder"), true);
+    let AcquireOutcome::Granted(_) = backend.acquire(&holding).await.unwrap() else {
+        panic!("the first acquire is granted");
+    };
+    let head = AcquireRequest {
+        waiter_ttl: Duration::from_secs(120),
+        ..request(&lock, &owner("head"), true)
+    };
+    // Compiled and planned while the queue is short.
+    acquire_cost(&client, &head).await;
+    acquire_cost(&client, &head).await;
+    let dying: Vec<_> = (0..DEAD)
+        .map(|i| AcquireRequest {
+            waiter_ttl: Duration::from_secs(3),
+            ..request(&lock, &owner(&format!("d{i}")), true)
+        })
+        .collect();
+    join_all_queued(&backend, &dying).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+
+    for round in 0..3 {
+        let cost = acquire_cost(&client, &head).await;
+        println!("heartbeat {round}: {cost} buffers with {DEAD} dead waiters behind");
+        assert!(
+            cost <= CLEARING_BUDGET,
+            "a heartbeat touched {cost} buffers with {DEAD} dead waiters behind the head"
+        );
+    }
+    assert_eq!(
+        backend.inspect(&lock).await.unwrap().waiters.len(),
+        1,
+        "only the head is live"
+    );
+}
