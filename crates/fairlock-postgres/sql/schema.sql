@@ -20,6 +20,17 @@
 
 CREATE SCHEMA IF NOT EXISTS @schema@;
 
+-- Creates an index unless it exists. Only then: CREATE INDEX IF NOT EXISTS takes its lock on
+-- the table before it looks, and an install beside running operations could then deadlock
+-- with one that holds a lock row and writes to another table.
+CREATE OR REPLACE FUNCTION @schema@._create_index(p_index text, p_statement text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF to_regclass('@schema@.' || quote_ident(p_index)) IS NULL THEN
+        EXECUTE p_statement;
+    END IF;
+END $$;
+
 -- One row per lock that is held, has waiters, or was used within the fence margin.
 --   owner .. lease_until   the hold (owner NULL: free). levels = the confirmed levels (one
 --                          attempt each); pending/pending_until = the level granted by a
@@ -44,7 +55,7 @@ CREATE TABLE IF NOT EXISTS @schema@.locks (
     CHECK (owner IS NULL OR (lease_until IS NOT NULL AND token > 0 AND token <= last_token)),
     CHECK ((pending IS NULL) = (pending_until IS NULL))
 );
-CREATE INDEX IF NOT EXISTS locks_gc_after ON @schema@.locks (gc_after);
+SELECT @schema@._create_index('locks_gc_after', 'CREATE INDEX locks_gc_after ON @schema@.locks (gc_after)');
 
 -- The FIFO queue: one row per queued attempt, served in `seq` order. An entry whose deadline
 -- has passed is gone wherever it stands: every read filters it out, and the functions delete
@@ -59,9 +70,9 @@ CREATE TABLE IF NOT EXISTS @schema@.waiters (
     PRIMARY KEY (name, seq),
     UNIQUE (name, attempt)
 );
-CREATE INDEX IF NOT EXISTS waiters_deadline ON @schema@.waiters (name, deadline);
+SELECT @schema@._create_index('waiters_deadline', 'CREATE INDEX waiters_deadline ON @schema@.waiters (name, deadline)');
 -- For the clean-up of expired entries of locks nobody touches any more (_gc).
-CREATE INDEX IF NOT EXISTS waiters_expiry ON @schema@.waiters (deadline);
+SELECT @schema@._create_index('waiters_expiry', 'CREATE INDEX waiters_expiry ON @schema@.waiters (deadline)');
 
 -- Spent attempts (granted a level, released or abandoned), remembered until `until` (the
 -- resend horizon) so that a late re-send of them changes nothing. `released`: a release
@@ -84,7 +95,7 @@ BEGIN
         ALTER TABLE @schema@.spent ADD COLUMN released boolean NOT NULL DEFAULT false;
     END IF;
 END $$;
-CREATE INDEX IF NOT EXISTS spent_until ON @schema@.spent (until);
+SELECT @schema@._create_index('spent_until', 'CREATE INDEX spent_until ON @schema@.spent (until)');
 
 -- Holds a force release freed, by token, remembered until `until` (the resend horizon), so
 -- that force release sent again answers true as it did.
@@ -94,7 +105,7 @@ CREATE TABLE IF NOT EXISTS @schema@.forced (
     until timestamptz NOT NULL,
     PRIMARY KEY (name, token)
 );
-CREATE INDEX IF NOT EXISTS forced_until ON @schema@.forced (until);
+SELECT @schema@._create_index('forced_until', 'CREATE INDEX forced_until ON @schema@.forced (until)');
 
 -- Which version of these functions is installed (see src/schema.rs).
 CREATE TABLE IF NOT EXISTS @schema@.meta (version text NOT NULL);

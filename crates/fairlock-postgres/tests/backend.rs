@@ -488,3 +488,61 @@ async fn abandon_waits_for_a_first_acquire_in_flight() {
         "the abandoned grant still holds: {state:?}"
     );
 }
+
+/// A new version's install beside an operation in flight (a transaction holding a lock's row
+/// and a write to the queue, about to update the row): neither waits for the other in a cycle.
+/// `CREATE INDEX IF NOT EXISTS` locked the tables before it looked, so the install took the
+/// locks table, then waited for the queue's writer, which waited for it: PostgreSQL aborted
+/// one of them as a deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_beside_an_operation_in_flight_does_not_deadlock() {
+    use fairlock_postgres::tokio_postgres::{self, NoTls};
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let holding = request(&lock, &owner("a"), true);
+    backend.acquire(&holding).await.unwrap();
+
+    // An operation in flight, by hand: the lock's row, then a queue entry.
+    let (operation, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    operation.batch_execute("BEGIN").await.unwrap();
+    operation
+        .execute(
+            "SELECT 1 FROM fairlock.locks WHERE name = $1 FOR UPDATE",
+            &[&lock.as_str()],
+        )
+        .await
+        .unwrap();
+    operation
+        .execute(
+            "INSERT INTO fairlock.waiters (name, seq, attempt, owner, ttl_ms, deadline) \
+             VALUES ($1, 1000000, gen_random_uuid(), 'b', 5000, clock_timestamp() + interval '5 s')",
+            &[&lock.as_str()],
+        )
+        .await
+        .unwrap();
+
+    // Another version is installed (its meta row differs), by a backend connecting now.
+    server.psql("DELETE FROM fairlock.meta");
+    let url = server.url();
+    let installing = tokio::spawn(async move { PostgresBackend::connect(&url).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The operation goes on: it updates the lock's row and commits.
+    let updated = operation
+        .execute(
+            "UPDATE fairlock.locks SET gc_after = gc_after WHERE name = $1",
+            &[&lock.as_str()],
+        )
+        .await;
+    let committed = operation.batch_execute("COMMIT").await;
+    let installed = installing.await.unwrap();
+    assert!(updated.is_ok(), "the operation failed: {updated:?}");
+    assert!(committed.is_ok(), "the operation failed: {committed:?}");
+    assert!(
+        installed.is_ok(),
+        "the install failed: {:?}",
+        installed.err()
+    );
+}
