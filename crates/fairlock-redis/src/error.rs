@@ -48,18 +48,37 @@ pub(crate) fn is_unreachable(error: &RedisError) -> bool {
         ErrorKind::Cluster | ErrorKind::Routing => true,
         _ => {
             let details = error.details();
-            details.starts_with("CLUSTERDOWN")
-                || details.starts_with("LOADING")
-                || details.starts_with("MASTERDOWN")
-                || details.starts_with("TRYAGAIN")
-                // A primary demoted by a failover, until the client follows the new one.
-                || details.starts_with("READONLY")
+            // The error's code: its first word; for an error raised inside a script on Redis
+            // 6.2, also the code after the last ": -" ("ERR Error running script ...:
+            // -READONLY ...").
+            let code = |text: &str| text.split_whitespace().next().unwrap_or("").to_owned();
+            let inner = details.rfind(": -").map(|at| code(&details[at + 3..]));
+            [Some(code(details)), inner]
+                .into_iter()
+                .flatten()
+                .any(|code| PASSING.contains(&code.as_str()))
                 // fred, for a command pinned to a node it has no connection to (the `WAIT`
                 // after a script, while that node is down).
                 || details.starts_with("Failed to route command")
         }
     }
 }
+
+/// Error codes of refusals a store recovers from by itself: outages to ride out.
+const PASSING: &[&str] = &[
+    "CLUSTERDOWN",
+    "LOADING",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    // A primary demoted by a failover, until the client follows the new one.
+    "READONLY",
+    // A script running too long (until it ends or is killed).
+    "BUSY",
+    // Fewer replicas than `min-replicas-to-write` (until they catch up).
+    "NOREPLICAS",
+    // Snapshots failing with `stop-writes-on-bgsave-error` (until one succeeds).
+    "MISCONF",
+];
 
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or(text)
@@ -122,6 +141,35 @@ mod tests {
             CONTEXT,
         );
         assert!(matches!(mapped, Error::Unavailable { .. }), "{mapped}");
+    }
+
+    /// Passing refusals a store recovers from: a script running too long elsewhere (`BUSY`),
+    /// too few replicas for `min-replicas-to-write` (`NOREPLICAS`), snapshots failing
+    /// (`MISCONF`); also as Redis 6.2 reports an error raised inside a script. Outages, which
+    /// the core rides out within its budget.
+    #[test]
+    fn passing_refusals_are_unavailable_also_inside_a_script() {
+        for details in [
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+            "NOREPLICAS Not enough good replicas to write.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "ERR Error running script (call to f_0123): @user_script:12: @user_script: 12: \
+             -READONLY You can't write against a read only replica.",
+            "ERR Error running script (call to f_0123): @user_script:40: @user_script: 40: \
+             -NOREPLICAS Not enough good replicas to write.",
+        ] {
+            let mapped = map(RedisError::new(ErrorKind::Unknown, details), CONTEXT);
+            assert!(matches!(mapped, Error::Unavailable { .. }), "{details}: {mapped}");
+        }
+        // Not a prefix match: BUSYKEY (RESTORE's) is no outage.
+        let mapped = map(
+            RedisError::new(
+                ErrorKind::Unknown,
+                "BUSYKEY Target key name already exists.",
+            ),
+            CONTEXT,
+        );
+        assert!(matches!(mapped, Error::Backend { .. }), "{mapped}");
     }
 
     #[test]
