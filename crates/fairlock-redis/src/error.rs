@@ -51,17 +51,19 @@ pub(crate) fn is_unreachable(error: &RedisError) -> bool {
             // The error's code: its first word; for an error raised inside a script on Redis
             // 6.2, also the code after the last ": -" ("ERR Error running script ...:
             // -READONLY ...").
-            let code = |text: &str| text.split_whitespace().next().unwrap_or("").to_owned();
-            let inner = details.rfind(": -").map(|at| code(&details[at + 3..]));
-            [Some(code(details)), inner]
-                .into_iter()
-                .flatten()
-                .any(|code| PASSING.contains(&code.as_str()))
+            let inner = details.rfind(": -").map(|at| &details[at + 3..]);
+            PASSING.contains(&code(details))
+                || inner.is_some_and(|inner| PASSING.contains(&code(inner)))
                 // fred, for a command pinned to a node it has no connection to (the `WAIT`
                 // after a script, while that node is down).
                 || details.starts_with("Failed to route command")
         }
     }
+}
+
+/// The first word of an error's text: its code.
+fn code(text: &str) -> &str {
+    text.split_whitespace().next().unwrap_or("")
 }
 
 /// Error codes of refusals a store recovers from by itself: outages to ride out.

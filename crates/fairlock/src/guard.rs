@@ -300,10 +300,9 @@ impl LockGuard {
             .extend(&shared.name, &shared.owner, self.grant.token, lease)
             .await?;
         if extended {
-            if !self.hold.extended(sent, lease) {
-                // Applied, but answered past the local deadline: the lease has been reported
-                // lost since then, and stays so.
-                self.hold.mark_lost(shared, LostReason::Expired);
+            // Applied, but maybe answered past the local deadline: then the lease has been
+            // reported lost since, and stays so.
+            if !self.hold.extended(shared, sent, lease, LostReason::Expired) {
                 return Err(Error::LeaseLost {
                     name: shared.name.to_string(),
                 });
@@ -660,9 +659,7 @@ async fn confirm_hand_over(
                 });
                 if in_time {
                     debug!(lock = %shared.name, owner = %shared.owner, token, "hand-over confirmed");
-                    if !hold.extended(first_sent, lease) {
-                        hold.mark_lost(&shared, LostReason::Expired);
-                    }
+                    let _ = hold.extended(&shared, first_sent, lease, LostReason::Expired);
                 } else {
                     level.mark_lost(
                         &shared,

@@ -186,11 +186,21 @@ impl Hold {
     }
 
     /// Records a successful extension sent at `sent` for `lease`: the store's lease now ends
-    /// no earlier than that. `false` if the local deadline had passed by then: the caller
-    /// marks the hold lost (it has been reported so since the deadline).
+    /// no earlier than that. If the local deadline had passed by then, the hold has been
+    /// reported lost since, and stays so: it is marked lost (`late`) and this returns `false`.
     #[must_use]
-    pub(crate) fn extended(&self, sent: Instant, lease: Duration) -> bool {
-        self.raise_deadline(sent + lease)
+    pub(crate) fn extended(
+        &self,
+        shared: &LockShared,
+        sent: Instant,
+        lease: Duration,
+        late: LostReason,
+    ) -> bool {
+        let live = self.raise_deadline(sent + lease);
+        if !live {
+            self.mark_lost(shared, late);
+        }
+        live
     }
 
     pub(crate) fn lost_receiver(&self) -> watch::Receiver<bool> {
@@ -283,9 +293,8 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
                     Ok(Ok(true)) => {
                         debug!(lock = %shared.name, owner = %shared.owner, token, "fairlock lease renewed");
                         shared.meter.renewal("renewed");
-                        if !hold.extended(sent, lease) {
-                            // Renewed in time by the store, but read past the local deadline.
-                            hold.mark_lost(&shared, LostReason::RenewalTimedOut);
+                        // Renewed in time by the store, but maybe read past the local deadline.
+                        if !hold.extended(&shared, sent, lease, LostReason::RenewalTimedOut) {
                             return;
                         }
                         next_renewal = renewing.then(|| sent + watchdog_lease / 3);

@@ -366,13 +366,10 @@ fn unusable(
         let mut recounts = 0;
         let stale = loop {
             // What is left of the wait, each time: a later pass must not wait past it.
-            let patience = match deadline {
-                Some(deadline) => {
-                    FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
-                }
-                None => FINISHING_PATIENCE,
-            };
-            let waited = shared.levels.recount(grant.hold_count, patience).await;
+            let waited = shared
+                .levels
+                .recount(grant.hold_count, attempt.finishing_patience())
+                .await;
             if !waited || recounts == RECOUNTS {
                 // Tickets dropped since the call was sent may have taken their levels away
                 // after the store counted them: counted again, as often as allowed; past
@@ -415,12 +412,7 @@ fn unusable(
                 // The fresh attempt's first count must not find this one's level, or its
                 // abandon on the way (a ticket still counted): wait for it, within the wait.
                 if let Some(cleanup) = attempt.renew_after_cleanup() {
-                    let patience = match deadline {
-                        Some(deadline) => FINISHING_PATIENCE
-                            .min(deadline.saturating_duration_since(Instant::now())),
-                        None => FINISHING_PATIENCE,
-                    };
-                    let _ = tokio::time::timeout(patience, cleanup).await;
+                    let _ = tokio::time::timeout(attempt.finishing_patience(), cleanup).await;
                 }
                 Some(Ok(None))
             }
@@ -668,6 +660,14 @@ impl Attempt {
     /// Gives up this attempt's id (in the background) and goes on under a fresh one.
     fn renew(&mut self) {
         drop(self.renew_after_cleanup());
+    }
+
+    /// How long to wait for the handle's releases and abandons on their way: at most
+    /// [`FINISHING_PATIENCE`], and never past the deadline.
+    fn finishing_patience(&self) -> Duration {
+        self.deadline.map_or(FINISHING_PATIENCE, |deadline| {
+            FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
+        })
     }
 
     /// [`renew`](Self::renew), returning the old attempt's clean-up, to wait for.

@@ -1045,22 +1045,12 @@ async fn a_confirmation_read_after_the_deadline_leaves_the_lease_lost() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     held.unlock().await.unwrap();
     let guard = waiting.await.unwrap().unwrap();
-    tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
-    assert!(!guard.is_lease_lost());
-    // The confirmation is answered now; the runtime gets to its task only past the deadline.
-    faulty.confirm_gate.notify_one();
-    tokio::time::advance(Duration::from_millis(2)).await;
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The confirmation is answered just before the deadline and read just after it.
+    answer_just_before_the_deadline(&guard, deadline, &faulty.confirm_gate).await;
     let name = LockName::new("x").unwrap();
     let stored = faulty.inner.inspect(&name).await.unwrap().holder.unwrap();
     assert!(stored.confirmed, "the store confirmed the level");
-    assert!(
-        guard.is_lease_lost(),
-        "the lease came back after its deadline"
-    );
-    tokio::time::timeout(Duration::from_secs(1), guard.lease_lost())
-        .await
-        .expect("the lost-lease signal fires");
+    still_lost(&guard).await;
 }
 
 /// The bound of `try_lock_for` holds over several counts of a grant, not only the first: a
@@ -1113,26 +1103,7 @@ async fn releases_finishing_around_every_count_do_not_force_free_the_callers_hol
     let lock = Arc::new(client.fair_lock("x").unwrap());
     let first = lock.lock().await.unwrap();
     let token = first.fencing_token();
-    // The caller's calls reach the store 30 ms after they are sent, and every reply comes
-    // 100 ms after the store applied the call. Its counts are sent at 0, 130, 260 and 390 ms.
-    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
-    *faulty.release_delay.lock().unwrap() = Duration::from_millis(40);
-    let started = tokio::time::Instant::now();
-    drop(first);
-    let (sibling, link) = (lock.clone(), faulty.clone());
-    let other_task = tokio::spawn(async move {
-        for at in [131, 261, 391] {
-            // Right after the caller sent a count, a re-entry that lands before it, whose
-            // release finishes before the count's reply.
-            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
-            *link.release_delay.lock().unwrap() = Duration::ZERO;
-            let guard = sibling.lock().await.unwrap();
-            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-            drop(guard);
-        }
-    });
+    let other_task = reenter_in_every_count(&faulty, &lock, first);
     let again = lock.try_lock().await.expect("the lock is the caller's");
     assert_eq!(again.hold_count(), 1);
     assert!(again.fencing_token() >= token);
@@ -1156,20 +1127,10 @@ async fn a_renewal_read_after_the_deadline_leaves_the_lease_lost() {
     let guard = lock.lock().await.unwrap();
     let deadline = tokio::time::Instant::now() + lease;
     faulty.gate_extends.store(true, SeqCst);
-    tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
-    assert!(!guard.is_lease_lost());
     // The renewal (applied at a third of the lease, so the store's lease is longer) is
-    // answered now; its task runs only past the deadline.
-    faulty.extend_gate.notify_one();
-    tokio::time::advance(Duration::from_millis(2)).await;
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    assert!(
-        guard.is_lease_lost(),
-        "the lease came back after its deadline"
-    );
-    tokio::time::timeout(Duration::from_secs(1), guard.lease_lost())
-        .await
-        .expect("the lost-lease signal fires");
+    // answered just before the deadline and read just after it.
+    answer_just_before_the_deadline(&guard, deadline, &faulty.extend_gate).await;
+    still_lost(&guard).await;
 }
 
 /// A stale level (a release the store lost) in a hold whose count keeps changing around every
@@ -1185,22 +1146,7 @@ async fn a_stale_level_is_found_while_releases_finish_around_every_count() {
     let lost = lock.lock().await.unwrap();
     faulty.lose_next_release.store(true, SeqCst);
     lost.unlock().await.unwrap();
-    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
-    *faulty.release_delay.lock().unwrap() = Duration::from_millis(40);
-    let started = tokio::time::Instant::now();
-    drop(first);
-    let (sibling, link) = (lock.clone(), faulty.clone());
-    let other_task = tokio::spawn(async move {
-        for at in [131, 261, 391] {
-            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
-            *link.release_delay.lock().unwrap() = Duration::ZERO;
-            let guard = sibling.lock().await.unwrap();
-            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
-            drop(guard);
-        }
-    });
+    let other_task = reenter_in_every_count(&faulty, &lock, first);
     let again = lock
         .try_lock()
         .await
@@ -1301,4 +1247,58 @@ fn churn_around_counts(faulty: &Faulty, lock: &Arc<FairLock>) -> tokio::task::Jo
             guard.unlock().await.unwrap();
         }
     })
+}
+
+/// Drops `first` (its release lands 40 ms later, after the caller's first call) and from now
+/// on delays the caller's calls as `churn_around_counts` does (counts at 0, 130, 260 and
+/// 390 ms); another task of the handle re-enters right after each later count is sent, landing
+/// before it (so its level is in the count), and drops its guard, whose release finishes
+/// before the count's reply.
+fn reenter_in_every_count(
+    faulty: &Faulty,
+    lock: &Arc<FairLock>,
+    first: LockGuard,
+) -> tokio::task::JoinHandle<()> {
+    *faulty.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+    *faulty.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    *faulty.release_delay.lock().unwrap() = Duration::from_millis(40);
+    let started = tokio::time::Instant::now();
+    drop(first);
+    let (sibling, link) = (lock.clone(), faulty.clone());
+    tokio::spawn(async move {
+        for at in [131, 261, 391] {
+            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+            *link.acquire_delay.lock().unwrap() = Duration::ZERO;
+            *link.release_delay.lock().unwrap() = Duration::ZERO;
+            let guard = sibling.lock().await.unwrap();
+            *link.acquire_delay.lock().unwrap() = Duration::from_millis(30);
+            drop(guard);
+        }
+    })
+}
+
+/// Waits until 1 ms before `deadline` (the guard's lease still held), lets the store's answer
+/// gated by `gate` through, and moves the clock past the deadline before the runtime gets to
+/// the task that reads it.
+async fn answer_just_before_the_deadline(
+    guard: &LockGuard,
+    deadline: tokio::time::Instant,
+    gate: &tokio::sync::Notify,
+) {
+    tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
+    assert!(!guard.is_lease_lost());
+    gate.notify_one();
+    tokio::time::advance(Duration::from_millis(2)).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+/// The guard's lease, lost at its deadline, is still lost, and its signal fired.
+async fn still_lost(guard: &LockGuard) {
+    assert!(
+        guard.is_lease_lost(),
+        "the lease came back after its deadline"
+    );
+    tokio::time::timeout(Duration::from_secs(1), guard.lease_lost())
+        .await
+        .expect("the lost-lease signal fires");
 }
