@@ -93,10 +93,24 @@ struct Channel {
     watches: usize,
     /// Whether the server has us subscribed to both. Its lock orders subscribing and
     /// unsubscribing them, so a late unsubscribe never undoes a newer subscribe.
-    subscribed: Arc<tokio::sync::Mutex<bool>>,
+    subscribed: Shared,
     senders: HashMap<String, Vec<WakeSender>>,
     /// While it has no watch: its unsubscribe, due when the linger is over.
     linger: Option<DeferredTask>,
+}
+
+/// The subscription state of a lock's two channels, behind the lock that orders their
+/// subscribes and unsubscribes.
+type Shared = Arc<tokio::sync::Mutex<Subscription>>;
+
+#[derive(Debug, Default)]
+struct Subscription {
+    /// Whether the server has us subscribed to both channels.
+    subscribed: bool,
+    /// Whether a background task is trying to subscribe them after a failure: a watch then
+    /// leaves it to that task. Otherwise each watch queued behind a failing subscribe would
+    /// try it again in turn, and the k-th would wait k command timeouts.
+    retrying: bool,
 }
 
 /// Keeps a watch registered; dropping it unregisters.
@@ -313,25 +327,25 @@ impl Dispatcher {
     async fn resubscribe(&self) {
         let mut pause = Duration::from_millis(50);
         for _ in 0..RESUBSCRIBE_TRIES {
-            let channels: Vec<(String, Arc<tokio::sync::Mutex<bool>>)> = self
+            let channels: Vec<(String, Shared)> = self
                 .channels()
                 .iter()
                 .map(|(channel, entry)| (channel.clone(), entry.subscribed.clone()))
                 .collect();
             let mut failed = 0;
             for (channel, subscribed) in channels {
-                let mut subscribed = subscribed.lock().await;
+                let mut state = subscribed.lock().await;
                 if !self.has_watches(&channel) {
                     // Lingering with no watch: the new connection has no subscription for it,
                     // so a watch made during the linger must subscribe again.
-                    *subscribed = false;
+                    state.subscribed = false;
                     continue;
                 }
                 match self.subscribe(&channel).await {
-                    Ok(()) => *subscribed = true,
+                    Ok(()) => state.subscribed = true,
                     Err(error) => {
                         tracing::debug!(%error, channel, "fairlock-redis: resubscribing failed; will retry");
-                        *subscribed = false;
+                        state.subscribed = false;
                         failed += 1;
                     }
                 }
@@ -454,20 +468,23 @@ impl Dispatcher {
             dispatcher: Arc::downgrade(self),
             channel: channel.to_owned(),
         };
-        let mut subscribed = subscribed.lock().await;
-        if !*subscribed {
+        let shared = subscribed;
+        let mut state = shared.lock().await;
+        // While a background task retries, the watch leaves the subscribe to it.
+        if !state.subscribed && !state.retrying {
             // Boxed: a command future of the client is about 5 KB, and only the first watch of
             // a channel subscribes; the others, often many at once, wait above for the lock
             // and need not carry it.
             match Box::pin(self.subscribe(channel)).await {
-                Ok(()) => *subscribed = true,
+                Ok(()) => state.subscribed = true,
                 // The subscriber is reconnecting (or the server refuses for now). Wake-ups may
                 // be lost (the waiter heartbeats), so the caller is not failed for it: the
                 // subscription is retried in the background.
                 Err(error) => {
                     tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
-                    drop(subscribed);
-                    self.subscribe_later(channel.to_owned());
+                    state.retrying = true;
+                    drop(state);
+                    self.subscribe_later(channel.to_owned(), shared);
                 }
             }
         }
@@ -475,8 +492,9 @@ impl Dispatcher {
     }
 
     /// Retries subscribing `channel` with a backoff while it has watches and is not
-    /// subscribed.
-    fn subscribe_later(self: &Arc<Self>, channel: String) {
+    /// subscribed; `shared` is the channel's state, marked as retrying. Clears that mark when
+    /// it stops, so the next watch tries again.
+    fn subscribe_later(self: &Arc<Self>, channel: String, shared: Shared) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut pause = Duration::from_millis(50);
@@ -486,27 +504,20 @@ impl Dispatcher {
                 let Some(dispatcher) = weak.upgrade() else {
                     return;
                 };
-                let Some(subscribed) = dispatcher
-                    .channels()
-                    .get(&channel)
-                    .filter(|entry| entry.watches > 0)
-                    .map(|entry| entry.subscribed.clone())
-                else {
-                    return;
-                };
-                let subscribed_arc = subscribed.clone();
-                let mut subscribed = subscribed.lock().await;
+                let mut state = shared.lock().await;
                 // Still this channel's entry, still watched: the linger may have removed it
-                // while we waited for the lock (subscribing then would leave an orphan).
+                // (subscribing then would leave an orphan).
                 let current = dispatcher.channels().get(&channel).is_some_and(|entry| {
-                    entry.watches > 0 && Arc::ptr_eq(&entry.subscribed, &subscribed_arc)
+                    entry.watches > 0 && Arc::ptr_eq(&entry.subscribed, &shared)
                 });
-                if *subscribed || !current {
+                if state.subscribed || !current {
+                    state.retrying = false;
                     return;
                 }
                 match dispatcher.subscribe(&channel).await {
                     Ok(()) => {
-                        *subscribed = true;
+                        state.subscribed = true;
+                        state.retrying = false;
                         return;
                     }
                     Err(error) => {
@@ -514,6 +525,7 @@ impl Dispatcher {
                     }
                 }
             }
+            shared.lock().await.retrying = false;
             tracing::warn!(channel, "fairlock-redis: a wake-up channel could not be subscribed; its waiters rely on heartbeats");
         });
     }
@@ -587,11 +599,7 @@ impl Dispatcher {
     }
 
     /// Unsubscribes `channel` if it still has no watch (and the same subscription state).
-    async fn unsubscribe_idle(
-        self: Arc<Self>,
-        channel: String,
-        subscribed: Arc<tokio::sync::Mutex<bool>>,
-    ) {
+    async fn unsubscribe_idle(self: Arc<Self>, channel: String, subscribed: Shared) {
         let mut guard = subscribed.lock().await;
         if !self.is_idle(&channel, &subscribed) {
             return;
@@ -601,14 +609,14 @@ impl Dispatcher {
         if let Err(error) = self.unsubscribe(&channel).await {
             tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
         }
-        *guard = false;
+        guard.subscribed = false;
         let mut channels = self.channels();
         if self.is_idle_in(&channels, &channel, &subscribed) {
             channels.remove(&channel);
         }
     }
 
-    fn is_idle(&self, channel: &str, subscribed: &Arc<tokio::sync::Mutex<bool>>) -> bool {
+    fn is_idle(&self, channel: &str, subscribed: &Shared) -> bool {
         self.is_idle_in(&self.channels(), channel, subscribed)
     }
 
@@ -616,7 +624,7 @@ impl Dispatcher {
         &self,
         channels: &HashMap<String, Channel>,
         channel: &str,
-        subscribed: &Arc<tokio::sync::Mutex<bool>>,
+        subscribed: &Shared,
     ) -> bool {
         channels
             .get(channel)

@@ -62,3 +62,71 @@ async fn watches_racing_reconnects_never_fail() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Watches queued on a channel whose subscribe is failing do not each try it again in turn:
+/// the k-th would wait k command timeouts before its caller could even join the queue. The
+/// first failure moves the retries to the background, and the queued watches return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_watches_do_not_each_wait_for_a_failing_subscribe() {
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+    use fairlock_redis::RedisBackend;
+
+    const COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
+    const WATCHES: u32 = 5;
+    // The scripts run on `scripts`; the subscriber is connected to `silent`, which is then
+    // stopped (SIGSTOP): its subscribes hang until the command timeout.
+    let (scripts, silent) = (Server::start(), Server::start());
+    let build = |url: String| {
+        let mut builder = Builder::from_config(Config::from_url(&url).unwrap());
+        builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+        builder.with_performance_config(|config| config.default_command_timeout = COMMAND_TIMEOUT);
+        builder
+    };
+    let pool = build(scripts.url()).build_pool(1).unwrap();
+    let subscriber = build(silent.url()).build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    let backend = RedisBackend::from_clients(pool, subscriber.clone(), "queued:").unwrap();
+    backend.pubsub_mode().await.unwrap();
+    silent.0.pause_process().unwrap();
+
+    let (lock, who) = (name(), owner("waiter"));
+    let started = tokio::time::Instant::now();
+    let watches = (0..WATCHES).map(|_| {
+        let (backend, lock, who) = (backend.clone(), lock.clone(), who.clone());
+        tokio::spawn(async move {
+            let watch = backend.watch(&lock, &who).await;
+            (watch, started.elapsed())
+        })
+    });
+    let mut slowest = Duration::ZERO;
+    let mut kept = Vec::new();
+    for watch in watches.collect::<Vec<_>>() {
+        let (watched, took) = watch.await.unwrap();
+        kept.push(watched.expect("a watch is not failed for a subscribe that failed"));
+        slowest = slowest.max(took);
+    }
+    silent.0.resume_process().unwrap();
+    // The retries in the background subscribe the channel once the server answers again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !silent
+        .cli(&["PUBSUB", "SHARDCHANNELS"])
+        .contains(&format!("{{{lock}}}"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the channel of {} live watches was never subscribed",
+            kept.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One command timeout for the first subscribe, and room for a loaded machine; the old code
+    // took WATCHES command timeouts (2 s).
+    assert!(
+        slowest < COMMAND_TIMEOUT * 2,
+        "the slowest of {WATCHES} watches took {slowest:?} (command timeout {COMMAND_TIMEOUT:?})"
+    );
+    let _ = subscriber.quit().await;
+}
