@@ -2,13 +2,13 @@
 //! the server has it, classic (`SUBSCRIBE`/`PUBLISH`) on Redis 6.2. Detected once per backend,
 //! from the first connection that answers, and kept.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use fred::clients::Pool;
 use fred::error::Error as RedisError;
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, InfoKind, Value};
-use tokio::sync::OnceCell;
 
 use crate::error::is_unreachable;
 
@@ -29,7 +29,13 @@ pub enum PubsubMode {
 #[derive(Debug)]
 pub(crate) struct Detection {
     pool: Pool,
-    mode: OnceCell<PubsubMode>,
+    mode: OnceLock<PubsubMode>,
+    /// One detection at a time; holds the last failure, which the callers that waited for
+    /// that detection share: if each asked again in turn while the server is away, the k-th
+    /// would wait k command timeouts.
+    detecting: tokio::sync::Mutex<Option<RedisError>>,
+    /// How many detections failed so far.
+    failures: AtomicU64,
 }
 
 impl Detection {
@@ -37,7 +43,9 @@ impl Detection {
     pub(crate) fn start(pool: Pool) -> Arc<Detection> {
         let detection = Arc::new(Detection {
             pool,
-            mode: OnceCell::new(),
+            mode: OnceLock::new(),
+            detecting: tokio::sync::Mutex::new(None),
+            failures: AtomicU64::new(0),
         });
         let early = detection.clone();
         tokio::spawn(async move {
@@ -46,16 +54,33 @@ impl Detection {
         detection
     }
 
-    /// The server's mode, detecting it first if no one has yet.
+    /// The server's mode, detecting it first if no one has yet. A caller that waited for a
+    /// detection that failed gets its error.
     pub(crate) async fn mode(&self) -> Result<PubsubMode, RedisError> {
-        self.mode
-            .get_or_try_init(|| async {
-                let mode = detect(self.pool.next()).await?;
+        if let Some(mode) = self.known() {
+            return Ok(mode);
+        }
+        let failures = self.failures.load(Ordering::Acquire);
+        let mut last_failure = self.detecting.lock().await;
+        if let Some(mode) = self.known() {
+            return Ok(mode);
+        }
+        if self.failures.load(Ordering::Acquire) != failures {
+            if let Some(error) = last_failure.as_ref() {
+                return Err(error.clone());
+            }
+        }
+        match detect(self.pool.next()).await {
+            Ok(mode) => {
                 tracing::debug!(?mode, "fairlock-redis: pub/sub mode for wake-ups");
-                Ok(mode)
-            })
-            .await
-            .copied()
+                Ok(*self.mode.get_or_init(|| mode))
+            }
+            Err(error) => {
+                *last_failure = Some(error.clone());
+                self.failures.fetch_add(1, Ordering::Release);
+                Err(error)
+            }
+        }
     }
 
     /// The mode if it is known already.

@@ -212,3 +212,53 @@ async fn a_classic_watch_is_subscribed_when_it_returns() {
         );
     }
 }
+
+/// Callers queued behind a detection that fails share its failure: none asks the server
+/// again in turn, which made the k-th wait k command timeouts while the server was away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_queued_behind_a_failing_detection_share_its_failure() {
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+
+    const COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
+    const CALLERS: u32 = 5;
+    let server = Server::start();
+    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    builder.with_performance_config(|config| config.default_command_timeout = COMMAND_TIMEOUT);
+    let pool = builder.build_pool(1).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    // Stopped before the backend starts detecting: every detection hangs to its timeout.
+    server.0.pause_process().unwrap();
+    let backend = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "queued:").unwrap();
+    let started = Instant::now();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let backend = backend.clone();
+            tokio::spawn(async move { (backend.pubsub_mode().await, started.elapsed()) })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for caller in callers {
+        let (mode, took) = caller.await.unwrap();
+        assert!(
+            matches!(mode, Err(fairlock::Error::Unavailable { .. })),
+            "{mode:?}"
+        );
+        slowest = slowest.max(took);
+    }
+    server.0.resume_process().unwrap();
+    // The background detection's one timeout, shared; the old code took one more per caller
+    // (2.4 s).
+    assert!(
+        slowest < COMMAND_TIMEOUT * 2,
+        "the slowest of {CALLERS} callers took {slowest:?} (command timeout {COMMAND_TIMEOUT:?})"
+    );
+    // Once the server answers, the next caller detects.
+    assert_eq!(backend.pubsub_mode().await.unwrap(), PubsubMode::Sharded);
+    let _ = subscriber.quit().await;
+    let _ = pool.quit().await;
+}
