@@ -6,7 +6,7 @@ use std::time::Duration;
 use fairlock::{Error, Result};
 use fred::clients::{Pool, SubscriberClient};
 use fred::interfaces::{ClientInterface, ClientLike};
-use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
+use fred::types::config::{Config, ReconnectPolicy, ServerConfig, TcpConfig};
 use fred::types::Builder;
 
 use crate::error::{unavailable, BACKEND};
@@ -21,6 +21,10 @@ pub(crate) const DEFAULT_FENCE_MARGIN: Duration = Duration::from_secs(600);
 /// broadcast channels this capacity, so it is also what a backend's memory grows with:
 /// 16,384 cost about 10 MB, 4,096 about 2.5 MB.
 const WAKE_BUFFER: usize = 4_096;
+
+/// How long a connection may be idle before TCP keepalive probes it, unless configured: well
+/// under the idle timeouts of common NATs and load balancers (4 to 10 minutes).
+const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
 /// The key prefix used unless [`RedisBackendBuilder::prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "fairlock:";
@@ -51,6 +55,7 @@ pub struct RedisBackendBuilder {
     subscription_linger: Duration,
     fence_margin: Duration,
     replica_acks: Option<ReplicaAcks>,
+    tcp_keepalive: Option<Duration>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -64,6 +69,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("subscription_linger", &self.subscription_linger)
             .field("fence_margin", &self.fence_margin)
             .field("replica_acks", &self.replica_acks)
+            .field("tcp_keepalive", &self.tcp_keepalive)
             .finish()
     }
 }
@@ -79,6 +85,7 @@ impl RedisBackendBuilder {
             subscription_linger: DEFAULT_LINGER,
             fence_margin: DEFAULT_FENCE_MARGIN,
             replica_acks: None,
+            tcp_keepalive: Some(DEFAULT_TCP_KEEPALIVE),
         }
     }
 
@@ -154,6 +161,20 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// How long a connection may be idle before TCP keepalive probes it (default 60 s; `None`
+    /// turns keepalive off). Probes follow every 10 s; when as many as the system allows
+    /// (`tcp_keepalive_probes`, 9 on Linux) go unanswered, the connection ends and is made
+    /// again.
+    ///
+    /// The subscriber connection that receives wake-ups sends nothing while it waits. If a
+    /// NAT or firewall dropped it in silence, nothing would fail, and waiters would hear of
+    /// their hand-overs only at their heartbeats. Keepalive keeps such a connection from
+    /// going idle, and finds it broken if it was dropped anyway.
+    pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.tcp_keepalive = idle;
+        self
+    }
+
     /// How long a lock's wake-up channel stays subscribed after its last local waiter is
     /// gone (default 2 s), so a process that locks the same lock again and again does not
     /// subscribe and unsubscribe each time. A linger too long to count from now (such as
@@ -204,6 +225,7 @@ impl RedisBackendBuilder {
             .with_connection_config(|connection| {
                 connection.connection_timeout = self.connect_timeout;
                 connection.internal_command_timeout = self.connect_timeout;
+                connection.tcp = tcp_config(self.tcp_keepalive);
             })
             .with_performance_config(|performance| {
                 performance.default_command_timeout = self.command_timeout;
@@ -277,6 +299,23 @@ impl RedisBackendBuilder {
                 replica_acks: self.replica_acks,
             },
         ))
+    }
+}
+
+/// The socket options of the builder's connections: keepalive after `idle` (see
+/// [`RedisBackendBuilder::tcp_keepalive`]), and no Nagle delay, since commands share a
+/// connection and a small one must not wait for the reply to the one before.
+fn tcp_config(idle: Option<Duration>) -> TcpConfig {
+    use fred::socket2::TcpKeepalive;
+    let keepalive = idle.map(|idle| {
+        TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval(Duration::from_secs(10))
+    });
+    TcpConfig {
+        nodelay: Some(true),
+        keepalive,
+        ..TcpConfig::default()
     }
 }
 

@@ -2009,3 +2009,40 @@ async fn an_unlock_sent_again_by_the_client_after_a_lost_reply_is_a_release() {
     }
     assert_eq!(proxy.lost(), 3, "every release lost its first reply");
 }
+
+/// The connections a builder makes keep TCP keepalive on: a connection a NAT or firewall
+/// dropped in silence is found broken and made again (the subscriber's included, which
+/// otherwise writes nothing that could fail, so its waiters would hear of hand-overs only at
+/// their heartbeats), and an idle one is not dropped in the first place. Read from the
+/// kernel's socket table: an idle established socket with keepalive has its keepalive timer
+/// running (`tr` 2), one without has no timer (`tr` 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_keep_tcp_keepalive_on() {
+    let server = Server::start();
+    let backend = RedisBackend::builder(server.url())
+        .pool_size(2)
+        .connect()
+        .await
+        .unwrap();
+    // A subscribed channel: the subscriber connection is open and idle.
+    let _watch = backend.watch(&name(), &owner("a")).await.unwrap();
+    let port = format!("{:04X}", server.0.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    // Our side of each connection to the server: its remote address is the server's.
+    let timers: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let established = fields.get(3) == Some(&"01");
+            let to_server = fields.get(2)?.ends_with(&format!(":{port}"));
+            (established && to_server).then(|| fields[5].split(':').next().unwrap_or(""))
+        })
+        .collect();
+    // Two pooled connections and the subscriber, at least.
+    assert!(timers.len() >= 3, "connections to the server: {timers:?}");
+    assert!(
+        timers.iter().all(|timer| *timer == "02"),
+        "timers (02: keepalive) of the connections to the server: {timers:?}"
+    );
+}
