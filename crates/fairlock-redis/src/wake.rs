@@ -335,6 +335,17 @@ impl Dispatcher {
             let mut failed = 0;
             for (channel, subscribed) in channels {
                 let mut state = subscribed.lock().await;
+                // Replaced since the snapshot (its linger ended, and a new watch made it
+                // again): the new entry's own watch subscribes it, under the new entry's lock.
+                // Subscribing here, under the old one, could land after the new entry's
+                // unsubscribe and leave a subscription no entry stands for.
+                let replaced = self
+                    .channels()
+                    .get(&channel)
+                    .is_some_and(|entry| !Arc::ptr_eq(&entry.subscribed, &subscribed));
+                if replaced {
+                    continue;
+                }
                 if !self.has_watches(&channel) {
                     // Lingering with no watch: the new connection has no subscription for it,
                     // so a watch made during the linger must subscribe again.

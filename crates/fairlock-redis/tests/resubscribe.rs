@@ -130,3 +130,65 @@ async fn queued_watches_do_not_each_wait_for_a_failing_subscribe() {
     );
     let _ = subscriber.quit().await;
 }
+
+/// Watches come and go while the subscriber reconnects, with no linger: once they are all
+/// gone, the server has no subscription left. (A resubscribe under a replaced channel entry's
+/// lock could land after the new entry's unsubscribe and leave one until the next reconnect;
+/// this churn did not hit that narrow window in three runs before the fix, so it guards the
+/// property, not that one interleaving.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_subscription_outlives_its_watches_across_reconnects() {
+    let server = Server::start();
+    let backend = fairlock_redis::RedisBackend::builder(server.url())
+        .subscription_linger(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    let locks: Vec<_> = (0..6).map(|_| name()).collect();
+    // Watchers on every lock come and go, each watch held for a moment...
+    let churn: Vec<_> = (0..8)
+        .map(|task| {
+            let (backend, locks) = (backend.clone(), locks.clone());
+            tokio::spawn(async move {
+                let who = owner(&format!("watcher {task}"));
+                for round in 0..150 {
+                    let lock = &locks[(task + round) % locks.len()];
+                    let watch =
+                        tokio::time::timeout(Duration::from_secs(10), backend.watch(lock, &who))
+                            .await
+                            .unwrap_or_else(|_| panic!("round {round}: watch() hung"))
+                            .unwrap();
+                    tokio::time::sleep(Duration::from_micros(200 * (round % 5) as u64)).await;
+                    drop(watch);
+                }
+            })
+        })
+        .collect();
+    // ...while the subscriber connection is dropped again and again.
+    let mut kills = 0;
+    while !churn.iter().all(|task| task.is_finished()) {
+        kills += server
+            .cli(&["CLIENT", "KILL", "TYPE", "pubsub"])
+            .trim()
+            .parse::<u32>()
+            .unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for task in churn {
+        task.await.unwrap();
+    }
+    eprintln!("{kills} kills");
+    assert!(kills >= 10, "only {kills} kills");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let listed = server.cli(&["PUBSUB", "SHARDCHANNELS"]);
+        if listed.trim().is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "subscriptions left after every watch was dropped: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
