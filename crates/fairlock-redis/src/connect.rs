@@ -308,9 +308,22 @@ impl RedisBackendBuilder {
 fn tcp_config(idle: Option<Duration>) -> TcpConfig {
     use fred::socket2::TcpKeepalive;
     let keepalive = idle.map(|idle| {
-        TcpKeepalive::new()
-            .with_time(idle)
-            .with_interval(Duration::from_secs(10))
+        let keepalive = TcpKeepalive::new().with_time(idle);
+        // Where the system lets a socket set it (socket2's list); elsewhere its default.
+        #[cfg(any(
+            target_os = "android",
+            target_os = "dragonfly",
+            target_os = "freebsd",
+            target_os = "fuchsia",
+            target_os = "illumos",
+            target_os = "ios",
+            target_os = "linux",
+            target_os = "macos",
+            target_os = "netbsd",
+            target_os = "windows",
+        ))]
+        let keepalive = keepalive.with_interval(Duration::from_secs(10));
+        keepalive
     });
     TcpConfig {
         nodelay: Some(true),

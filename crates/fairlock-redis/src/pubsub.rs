@@ -24,8 +24,9 @@ pub enum PubsubMode {
     Classic,
 }
 
-/// The pub/sub mode of one backend's server, detected at most once (a failed detection, e.g.
-/// while the server is unreachable, is tried again by the next caller).
+/// The pub/sub mode of one backend's server, detected at most once. A failed detection
+/// (e.g. while the server is unreachable) fails the callers that waited for it, and is tried
+/// again by the next caller that comes after.
 #[derive(Debug)]
 pub(crate) struct Detection {
     pool: Pool,

@@ -15,6 +15,7 @@
 //! subscribed while it has at least one local watch.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -99,9 +100,28 @@ struct Channel {
     linger: Option<DeferredTask>,
 }
 
-/// The subscription state of a lock's two channels, behind the lock that orders their
-/// subscribes and unsubscribes.
-type Shared = Arc<tokio::sync::Mutex<Subscription>>;
+/// The subscription state of a lock's two channels.
+type Shared = Arc<ChannelState>;
+
+#[derive(Debug, Default)]
+struct ChannelState {
+    /// Its lock orders the channels' subscribes and unsubscribes.
+    state: tokio::sync::Mutex<Subscription>,
+    /// How many subscribes or unsubscribes of the channels failed. A watch that waited for
+    /// the lock while one failed does not try again itself: with the server not answering,
+    /// each queued watch would add a command timeout.
+    failures: AtomicU64,
+}
+
+impl ChannelState {
+    fn failed(&self) {
+        self.failures.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Acquire)
+    }
+}
 
 #[derive(Debug, Default)]
 struct Subscription {
@@ -334,19 +354,16 @@ impl Dispatcher {
                 .collect();
             let mut failed = 0;
             for (channel, subscribed) in channels {
-                let mut state = subscribed.lock().await;
-                // Replaced since the snapshot (its linger ended, and a new watch made it
-                // again): the new entry's own watch subscribes it, under the new entry's lock.
-                // Subscribing here, under the old one, could land after the new entry's
-                // unsubscribe and leave a subscription no entry stands for.
-                let replaced = self
-                    .channels()
-                    .get(&channel)
-                    .is_some_and(|entry| !Arc::ptr_eq(&entry.subscribed, &subscribed));
-                if replaced {
-                    continue;
-                }
-                if !self.has_watches(&channel) {
+                let mut state = subscribed.state.lock().await;
+                // Removed or replaced since the snapshot (its linger ended, and perhaps a new
+                // watch made it again): a new entry's own watch subscribes it, under the new
+                // entry's lock. Subscribing here, under the old one, could land after the new
+                // entry's unsubscribe and leave a subscription no entry stands for.
+                let watched = match self.channels().get(&channel) {
+                    Some(entry) if Arc::ptr_eq(&entry.subscribed, &subscribed) => entry.watches > 0,
+                    _ => continue,
+                };
+                if !watched {
                     // Lingering with no watch: the new connection has no subscription for it,
                     // so a watch made during the linger must subscribe again.
                     state.subscribed = false;
@@ -356,6 +373,7 @@ impl Dispatcher {
                     Ok(()) => state.subscribed = true,
                     Err(error) => {
                         tracing::debug!(%error, channel, "fairlock-redis: resubscribing failed; will retry");
+                        subscribed.failed();
                         state.subscribed = false;
                         failed += 1;
                     }
@@ -430,12 +448,6 @@ impl Dispatcher {
         &self.own_suffix[1..]
     }
 
-    fn has_watches(&self, channel: &str) -> bool {
-        self.channels()
-            .get(channel)
-            .is_some_and(|entry| entry.watches > 0)
-    }
-
     pub(crate) fn subscriber(&self) -> &SubscriberClient {
         &self.subscriber
     }
@@ -480,9 +492,15 @@ impl Dispatcher {
             channel: channel.to_owned(),
         };
         let shared = subscribed;
-        let mut state = shared.lock().await;
-        // While a background task retries, the watch leaves the subscribe to it.
-        if !state.subscribed && !state.retrying {
+        let failures = shared.failures();
+        let mut state = shared.state.lock().await;
+        // While a background task retries, the watch leaves the subscribe to it; after a
+        // failure while this watch waited, it starts one.
+        if !state.subscribed && !state.retrying && shared.failures() != failures {
+            state.retrying = true;
+            drop(state);
+            self.subscribe_later(channel.to_owned(), shared);
+        } else if !state.subscribed && !state.retrying {
             // Boxed: a command future of the client is about 5 KB, and only the first watch of
             // a channel subscribes; the others, often many at once, wait above for the lock
             // and need not carry it.
@@ -493,6 +511,7 @@ impl Dispatcher {
                 // subscription is retried in the background.
                 Err(error) => {
                     tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
+                    shared.failed();
                     state.retrying = true;
                     drop(state);
                     self.subscribe_later(channel.to_owned(), shared);
@@ -507,7 +526,9 @@ impl Dispatcher {
     /// it stops, so the next watch tries again.
     fn subscribe_later(self: &Arc<Self>, channel: String, shared: Shared) {
         let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
+        // On the dispatcher's runtime: a watch's own may end before the task does, and a
+        // task dropped unfinished would leave the channel marked as retried for good.
+        self.runtime.spawn(async move {
             let mut pause = Duration::from_millis(50);
             for _ in 0..RESUBSCRIBE_TRIES {
                 tokio::time::sleep(pause).await;
@@ -515,7 +536,7 @@ impl Dispatcher {
                 let Some(dispatcher) = weak.upgrade() else {
                     return;
                 };
-                let mut state = shared.lock().await;
+                let mut state = shared.state.lock().await;
                 // Still this channel's entry, still watched: the linger may have removed it
                 // (subscribing then would leave an orphan).
                 let current = dispatcher.channels().get(&channel).is_some_and(|entry| {
@@ -533,10 +554,11 @@ impl Dispatcher {
                     }
                     Err(error) => {
                         tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; will retry");
+                        shared.failed();
                     }
                 }
             }
-            shared.lock().await.retrying = false;
+            shared.state.lock().await.retrying = false;
             tracing::warn!(channel, "fairlock-redis: a wake-up channel could not be subscribed; its waiters rely on heartbeats");
         });
     }
@@ -611,7 +633,7 @@ impl Dispatcher {
 
     /// Unsubscribes `channel` if it still has no watch (and the same subscription state).
     async fn unsubscribe_idle(self: Arc<Self>, channel: String, subscribed: Shared) {
-        let mut guard = subscribed.lock().await;
+        let mut guard = subscribed.state.lock().await;
         if !self.is_idle(&channel, &subscribed) {
             return;
         }
@@ -619,6 +641,7 @@ impl Dispatcher {
         // have subscribed without recording it, and unsubscribing is harmless anyway.
         if let Err(error) = self.unsubscribe(&channel).await {
             tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
+            subscribed.failed();
         }
         guard.subscribed = false;
         let mut channels = self.channels();

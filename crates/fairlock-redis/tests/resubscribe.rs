@@ -192,3 +192,49 @@ async fn no_subscription_outlives_its_watches_across_reconnects() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A watch made on a runtime of its own, which ends right after: when its subscribe failed,
+/// the retries in the background outlive that runtime, and the channel is subscribed once the
+/// server allows it again. (They ran on the watch's runtime and died with it, leaving the
+/// channel marked as retried: no later watch subscribed it until a reconnect.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_subscribe_is_retried_after_the_watch_runtime_ends() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    backend.pubsub_mode().await.unwrap();
+    let (lock, who) = (name(), owner("watcher"));
+    // Subscribes are refused (NOPERM) until the channels are allowed again.
+    assert_eq!(
+        server.cli(&["ACL", "SETUSER", "default", "resetchannels"]),
+        "OK"
+    );
+    let watch = {
+        let (backend, lock, who) = (backend.clone(), lock.clone(), who.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move { backend.watch(&lock, &who).await })
+        })
+        .join()
+        .unwrap()
+        .expect("a watch is not failed for a subscribe that failed")
+    };
+    assert_eq!(
+        server.cli(&["ACL", "SETUSER", "default", "allchannels"]),
+        "OK"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !server
+        .cli(&["PUBSUB", "SHARDCHANNELS"])
+        .contains(&format!("{{{lock}}}"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the channel of a live watch was never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(watch);
+}
