@@ -105,8 +105,9 @@ type Shared = Arc<ChannelState>;
 
 #[derive(Debug, Default)]
 struct ChannelState {
-    /// Its lock orders the channels' subscribes and unsubscribes.
-    state: tokio::sync::Mutex<Subscription>,
+    /// Its lock orders the channels' subscribes and unsubscribes. In an `Arc`, so a
+    /// subscribe's task can own its guard.
+    state: Arc<tokio::sync::Mutex<Subscription>>,
     /// How many subscribes or unsubscribes of the channels failed. A watch that waited for
     /// the lock while one failed does not try again itself: with the server not answering,
     /// each queued watch would add a command timeout.
@@ -493,7 +494,7 @@ impl Dispatcher {
         };
         let shared = subscribed;
         let failures = shared.failures();
-        let mut state = shared.state.lock().await;
+        let mut state = shared.state.clone().lock_owned().await;
         // While a background task retries, the watch leaves the subscribe to it; after a
         // failure while this watch waited, it starts one.
         if !state.subscribed && !state.retrying && shared.failures() != failures {
@@ -501,22 +502,28 @@ impl Dispatcher {
             drop(state);
             self.subscribe_later(channel.to_owned(), shared);
         } else if !state.subscribed && !state.retrying {
-            // Boxed: a command future of the client is about 5 KB, and only the first watch of
-            // a channel subscribes; the others, often many at once, wait above for the lock
-            // and need not carry it.
-            match Box::pin(self.subscribe(channel)).await {
-                Ok(()) => state.subscribed = true,
-                // The subscriber is reconnecting (or the server refuses for now). Wake-ups may
-                // be lost (the waiter heartbeats), so the caller is not failed for it: the
-                // subscription is retried in the background.
-                Err(error) => {
-                    tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
-                    shared.failed();
-                    state.retrying = true;
-                    drop(state);
-                    self.subscribe_later(channel.to_owned(), shared);
+            // In a task of its own that keeps the state's lock: a watch whose caller gives up
+            // (its deadline) does not stop it halfway, so the watches queued behind it find
+            // it done, rather than each starting it over. Only the first watch of a channel
+            // gets here.
+            let (dispatcher, channel) = (self.clone(), channel.to_owned());
+            let subscribing = self.runtime.spawn(async move {
+                match dispatcher.subscribe(&channel).await {
+                    Ok(()) => state.subscribed = true,
+                    // The subscriber is reconnecting (or the server refuses for now). Wake-ups
+                    // may be lost (the waiter heartbeats), so the caller is not failed for it:
+                    // the subscription is retried in the background.
+                    Err(error) => {
+                        tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
+                        shared.failed();
+                        state.retrying = true;
+                        drop(state);
+                        dispatcher.subscribe_later(channel, shared);
+                    }
                 }
-            }
+            });
+            // Failing only if the runtime is shutting down; the watch stands either way.
+            let _ = subscribing.await;
         }
         Ok(watch.with_registration(registration))
     }
