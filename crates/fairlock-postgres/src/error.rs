@@ -75,8 +75,20 @@ pub(crate) fn is_unreachable(error: &tokio_postgres::Error) -> bool {
             let class = &code.code()[..2];
             // 08: connection exception; 57: operator intervention (admin shutdown, crash
             // shutdown, cannot connect now); 53: insufficient resources (too many
-            // connections); 40001/40P01 never happen here, and are not outages.
-            class == "08" || class == "57" || class == "53"
+            // connections). And a call the server rolled back whole to let others on: a
+            // deadlock it broke (40P01; the functions lock in one order, but a session
+            // outside them may not), a serialization failure (40001), or a commit whose
+            // outcome it cannot tell (40003). Each call is its own transaction, so the same
+            // call may be sent again.
+            class == "08"
+                || class == "57"
+                || class == "53"
+                || [
+                    SqlState::T_R_DEADLOCK_DETECTED,
+                    SqlState::T_R_SERIALIZATION_FAILURE,
+                    SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN,
+                ]
+                .contains(code)
         }
         // No SQLSTATE: an I/O error, a timeout, or a protocol failure of the connection.
         None => error.as_db_error().is_none(),

@@ -546,3 +546,63 @@ async fn an_install_beside_an_operation_in_flight_does_not_deadlock() {
         installed.err()
     );
 }
+
+/// A call PostgreSQL aborts to break a deadlock (40P01) was rolled back whole: it is an outage
+/// the core rides out (`Unavailable`), as a lost connection is, not a backend error that ends a
+/// `lock()` at once. Made here by another session that takes a waiter's queue entry, then the
+/// lock's row, while the waiter's heartbeat holds the lock's row and waits for its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_aborted_as_a_deadlock_is_an_outage() {
+    use fairlock_postgres::tokio_postgres::{self, NoTls};
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    backend
+        .acquire(&request(&lock, &owner("a"), true))
+        .await
+        .unwrap();
+    let waiting = request(&lock, &owner("b"), true);
+    assert!(matches!(
+        backend.acquire(&waiting).await.unwrap(),
+        AcquireOutcome::Queued { .. }
+    ));
+
+    let (other, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    other.batch_execute("BEGIN").await.unwrap();
+    other
+        .execute(
+            "SELECT 1 FROM fairlock.waiters WHERE name = $1 AND attempt = $2 FOR UPDATE",
+            &[
+                &lock.as_str(),
+                &uuid::Uuid::from_u128(waiting.attempt.as_u128()),
+            ],
+        )
+        .await
+        .unwrap();
+    let heartbeat = {
+        let (backend, waiting) = (backend.clone(), waiting.clone());
+        tokio::spawn(async move { backend.acquire(&waiting).await })
+    };
+    // The heartbeat waits first, so its deadlock check (after `deadlock_timeout`, 1 s) runs
+    // first and aborts it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    other
+        .execute(
+            "SELECT 1 FROM fairlock.locks WHERE name = $1 FOR UPDATE",
+            &[&lock.as_str()],
+        )
+        .await
+        .unwrap();
+    other.batch_execute("COMMIT").await.unwrap();
+    let aborted = heartbeat.await.unwrap();
+    assert!(
+        matches!(&aborted, Err(Error::Unavailable { source, .. }) if format!("{source:?}").contains("40P01")),
+        "{aborted:?}"
+    );
+    // Nothing of it stayed: the next heartbeat finds the waiter where it was.
+    assert!(matches!(
+        backend.acquire(&waiting).await.unwrap(),
+        AcquireOutcome::Queued { .. }
+    ));
+}
