@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio::time::{sleep_until, Instant};
 use tracing::{debug, warn, Instrument};
 
 use crate::deferred::{Deferred, DeferredTask};
@@ -234,6 +234,37 @@ impl Drop for Hold {
     }
 }
 
+/// How a renewal ended, waited for by [`renew_before_deadline`].
+enum Renewal<T> {
+    Answered(T),
+    /// The hold's deadline passed first.
+    TimedOut,
+    /// The hold is gone.
+    HoldGone,
+}
+
+/// Waits for `renewal` until the hold's deadline, following the deadline while it waits: a
+/// re-entry may raise it, and the renewal is then given until the raised one.
+async fn renew_before_deadline<T>(
+    renewal: impl std::future::Future<Output = T>,
+    deadline_rx: &mut watch::Receiver<Instant>,
+) -> Renewal<T> {
+    let mut renewal = std::pin::pin!(renewal);
+    loop {
+        let deadline = *deadline_rx.borrow_and_update();
+        tokio::select! {
+            biased;
+            renewed = &mut renewal => return Renewal::Answered(renewed),
+            changed = deadline_rx.changed() => {
+                if changed.is_err() {
+                    return Renewal::HoldGone;
+                }
+            }
+            _ = sleep_until(deadline) => return Renewal::TimedOut,
+        }
+    }
+}
+
 /// How long before a hold's deadline its keeper starts at the latest (if the hold got no
 /// renewal or earlier start by then).
 const KEEPER_HEAD_START: Duration = Duration::from_millis(100);
@@ -283,14 +314,12 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
             _ = sleep_until(next_renewal.unwrap_or(deadline)), if next_renewal.is_some() => {
                 let lease = watchdog_lease;
                 let sent = Instant::now();
-                let renewed = timeout_at(
-                    deadline,
-                    shared.backend.extend(&shared.name, &shared.owner, token, lease),
-                )
-                .await;
+                let renewal = shared.backend.extend(&shared.name, &shared.owner, token, lease);
+                let renewed = renew_before_deadline(renewal, &mut deadline_rx).await;
                 let Some(hold) = hold.upgrade() else { return };
                 match renewed {
-                    Ok(Ok(true)) => {
+                    Renewal::HoldGone => return,
+                    Renewal::Answered(Ok(true)) => {
                         debug!(lock = %shared.name, owner = %shared.owner, token, "fairlock lease renewed");
                         shared.meter.renewal("renewed");
                         // Renewed in time by the store, but maybe read past the local deadline.
@@ -299,19 +328,19 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
                         }
                         next_renewal = renewing.then(|| sent + watchdog_lease / 3);
                     }
-                    Ok(Ok(false)) => {
+                    Renewal::Answered(Ok(false)) => {
                         shared.meter.renewal("refused");
                         hold.mark_lost(&shared, LostReason::Revoked);
                         return;
                     }
-                    Ok(Err(err)) => {
+                    Renewal::Answered(Err(err)) => {
                         shared.meter.renewal("failed");
                         warn!(lock = %shared.name, owner = %shared.owner, token, error = %err, "fairlock lease renewal failed; retrying");
                         // Retry well before the deadline, but do not hammer a failing store.
                         let pause = (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
                         next_renewal = Some(Instant::now() + pause);
                     }
-                    Err(_elapsed) => {
+                    Renewal::TimedOut => {
                         shared.meter.renewal("timed_out");
                         hold.mark_lost(&shared, LostReason::RenewalTimedOut);
                         return;

@@ -1302,3 +1302,35 @@ async fn still_lost(guard: &LockGuard) {
         .await
         .expect("the lost-lease signal fires");
 }
+
+/// A watchdog renewal still in flight at the deadline it was sent under, after a re-entry
+/// raised the hold's deadline meanwhile: the lease is not lost (it runs to the raised
+/// deadline), and the renewal, answered later, still counts. The renewal used to be bounded
+/// by the deadline read before it was sent, and reported the lease lost there.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_in_flight_follows_a_deadline_a_re_entry_raised() {
+    let faulty = Faulty::default();
+    let client = LockClient::new(faulty.clone());
+    let lock = client.fair_lock("x").unwrap();
+    let lease = lock.options().watchdog_lease;
+    let guard = lock.lock().await.unwrap();
+    let first_deadline = tokio::time::Instant::now() + lease;
+    faulty.gate_extends.store(true, SeqCst);
+    // The renewal goes out at a third of the lease and hangs; then the holder re-enters.
+    tokio::time::sleep(lease / 3 + Duration::from_millis(10)).await;
+    let inner = lock.lock().await.unwrap();
+    tokio::time::sleep_until(first_deadline + Duration::from_millis(10)).await;
+    assert!(
+        !guard.is_lease_lost(),
+        "the lease was lost at the deadline before the re-entry raised it"
+    );
+    faulty.gate_extends.store(false, SeqCst);
+    faulty.extend_gate.notify_one();
+    // The keeper goes on renewing past the raised deadline.
+    tokio::time::sleep(lease).await;
+    assert!(
+        !guard.is_lease_lost(),
+        "the lease was lost after the renewal"
+    );
+    drop(inner);
+}
