@@ -80,20 +80,21 @@ impl PostgresBackend {
             .get()
             .await
             .map_err(|error| pool_error(error, context))?;
-        match tokio::time::timeout(OPERATION_TIMEOUT, Self::query(&client, query, params)).await {
+        let mut outcome =
+            tokio::time::timeout(OPERATION_TIMEOUT, Self::query(&client, query, params)).await;
+        if matches!(&outcome, Ok(Err(error)) if is_missing_schema(error)) {
+            tracing::warn!(schema = %self.inner.sql.schema, "fairlock-postgres: the schema is missing; creating it again");
+            client.statement_cache.clear();
+            // Within the same bound: the install waits for any other installer (an advisory
+            // lock), which may be stuck.
+            let reinstalled = async {
+                self.inner.sql.install(&client, true).await?;
+                Self::query(&client, query, params).await
+            };
+            outcome = tokio::time::timeout(OPERATION_TIMEOUT, reinstalled).await;
+        }
+        match outcome {
             Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(error)) if is_missing_schema(&error) => {
-                tracing::warn!(schema = %self.inner.sql.schema, "fairlock-postgres: the schema is missing; creating it again");
-                client.statement_cache.clear();
-                self.inner
-                    .sql
-                    .install(&client, true)
-                    .await
-                    .map_err(|error| error::map(error, context))?;
-                Self::query(&client, query, params)
-                    .await
-                    .map_err(|error| error::map(error, context))
-            }
             Ok(Err(error)) => Err(error::map(error, context)),
             Err(_elapsed) => {
                 // The connection may be stuck: take it out of the pool (it closes).

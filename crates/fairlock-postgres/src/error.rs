@@ -77,9 +77,10 @@ pub(crate) fn is_unreachable(error: &tokio_postgres::Error) -> bool {
             // shutdown, cannot connect now); 53: insufficient resources (too many
             // connections). And a call the server rolled back whole to let others on: a
             // deadlock it broke (40P01; the functions lock in one order, but a session
-            // outside them may not), a serialization failure (40001), or a commit whose
-            // outcome it cannot tell (40003). Each call is its own transaction, so the same
-            // call may be sent again.
+            // outside them may not) or a serialization failure (40001); or one whose
+            // outcome is unknown (40003, from PostgreSQL-compatible servers), like a lost
+            // reply. Either way the same call may be sent again: each is its own
+            // transaction, and the functions answer a re-sent call as they did the first.
             class == "08"
                 || class == "57"
                 || class == "53"

@@ -606,3 +606,38 @@ async fn a_call_aborted_as_a_deadlock_is_an_outage() {
         AcquireOutcome::Queued { .. }
     ));
 }
+
+/// A call that finds the schema gone installs it again within its time bound: an installer
+/// that never finishes (here another session holding the installers' advisory lock) makes it
+/// fail as an outage after the operation timeout (10 s), not wait for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reinstall_that_cannot_finish_keeps_the_call_bounded() {
+    use fairlock_postgres::tokio_postgres::{self, NoTls};
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    backend.inspect(&lock).await.unwrap();
+    server.psql("DROP SCHEMA fairlock CASCADE");
+    let (installer, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    installer
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(hashtext('fairlock schema fairlock'))")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let inspected = tokio::time::timeout(Duration::from_secs(30), backend.inspect(&lock))
+        .await
+        .expect("the call waited past its bound");
+    assert!(
+        matches!(inspected, Err(Error::Unavailable { .. })),
+        "{inspected:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    installer.batch_execute("ROLLBACK").await.unwrap();
+    // Once the other installer is gone, the next call installs the schema again.
+    backend.inspect(&lock).await.unwrap();
+}
