@@ -115,7 +115,8 @@ impl RedisBackend {
     /// lost connection stays lost.
     ///
     /// Call it inside a Tokio runtime: the backend starts its wake-up dispatcher and server
-    /// detection as tasks on the current one, which must outlive the backend.
+    /// detection as tasks on the current one, which must outlive the backend and keep running
+    /// (a watch waits there for its channel's subscribe).
     ///
     /// # Errors
     /// [`fairlock::Error::InvalidArgument`] if `prefix` contains `{` or `}`;

@@ -644,8 +644,9 @@ impl Dispatcher {
         if !self.is_idle(&channel, &subscribed) {
             return;
         }
-        // Even when the flag says unsubscribed: a watch cancelled during its subscribe may
-        // have subscribed without recording it, and unsubscribing is harmless anyway.
+        // Even when the flag says unsubscribed: a subscribe stopped halfway (its runtime
+        // shutting down) may have subscribed without recording it, and unsubscribing is
+        // harmless anyway.
         if let Err(error) = self.unsubscribe(&channel).await {
             tracing::debug!(%error, channel, "fairlock-redis: unsubscribe failed");
             subscribed.failed();
@@ -726,8 +727,8 @@ mod tests {
 
     /// Many watches of a channel wait at once for its first one to subscribe, each in its
     /// backend call's boxed future: that future must not carry the subscribe command's own
-    /// future (about 5 KB with fred 10.1), which it did before it was boxed (about 5,900 bytes; 264
-    /// since, with rustc 1.95 on x86_64).
+    /// future (about 5 KB with fred 10.1), which it did before the subscribe moved out of it
+    /// (about 5,900 bytes; a few hundred since).
     #[test]
     fn a_watch_waiting_for_its_channel_stays_small() {
         fn size_of_future<'a, F>(_: impl FnOnce(&'a Arc<Dispatcher>) -> F) -> usize {

@@ -57,21 +57,27 @@ async fn watches_racing_reconnects_never_fail() {
     eprintln!("{kills} kills in 80 rounds");
     assert!(kills >= 40, "only {kills} kills in 80 rounds");
     // After the last reconnect settles, every channel still watched is subscribed again.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    shard_channels_settle(
+        &server,
+        "channels of live watches not subscribed after reconnects",
+        |listed| {
+            kept.iter()
+                .all(|(lock, _)| listed.contains(&format!("{{{lock}}}")))
+        },
+    )
+    .await;
+}
+
+/// Waits until the server's shard channels (`PUBSUB SHARDCHANNELS`) are as `settled` wants
+/// them, for up to 10 s; then fails, saying `what` is wrong.
+async fn shard_channels_settle(server: &Server, what: &str, settled: impl Fn(&str) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let listed = server.cli(&["PUBSUB", "SHARDCHANNELS"]);
-        let missing: Vec<&str> = kept
-            .iter()
-            .map(|(lock, _)| lock.as_str())
-            .filter(|lock| !listed.contains(&format!("{{{lock}}}")))
-            .collect();
-        if missing.is_empty() {
-            break;
+        if settled(&listed) {
+            return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "channels of live watches not subscribed after reconnects: {missing:?}\n{listed}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {listed}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -103,18 +109,14 @@ async fn queued_watches_do_not_each_wait_for_a_failing_subscribe() {
     }
     silent.0.resume_process().unwrap();
     // The retries in the background subscribe the channel once the server answers again.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !silent
-        .cli(&["PUBSUB", "SHARDCHANNELS"])
-        .contains(&format!("{{{lock}}}"))
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the channel of {} live watches was never subscribed",
-            kept.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let channel = format!("{{{lock}}}");
+    shard_channels_settle(
+        &silent,
+        "the channel of live watches was never subscribed",
+        |listed| listed.contains(&channel),
+    )
+    .await;
+    drop(kept);
     // One command timeout for the first subscribe, and room for a loaded machine; the old code
     // took WATCHES command timeouts (2 s).
     assert!(
@@ -244,18 +246,12 @@ async fn no_subscription_outlives_its_watches_across_reconnects() {
     }
     eprintln!("{kills} kills");
     assert!(kills >= 10, "only {kills} kills");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let listed = server.cli(&["PUBSUB", "SHARDCHANNELS"]);
-        if listed.trim().is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "subscriptions left after every watch was dropped: {listed}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    shard_channels_settle(
+        &server,
+        "subscriptions left after every watch was dropped",
+        |listed| listed.trim().is_empty(),
+    )
+    .await;
 }
 
 /// A watch made on a runtime of its own, which ends right after: when its subscribe failed,
@@ -290,16 +286,12 @@ async fn a_failed_subscribe_is_retried_after_the_watch_runtime_ends() {
         server.cli(&["ACL", "SETUSER", "default", "allchannels"]),
         "OK"
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !server
-        .cli(&["PUBSUB", "SHARDCHANNELS"])
-        .contains(&format!("{{{lock}}}"))
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the channel of a live watch was never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let channel = format!("{{{lock}}}");
+    shard_channels_settle(
+        &server,
+        "the channel of a live watch was never subscribed",
+        |listed| listed.contains(&channel),
+    )
+    .await;
     drop(watch);
 }
