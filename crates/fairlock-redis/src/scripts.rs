@@ -320,16 +320,17 @@ impl Script {
                 }
                 _ => return Some(reply),
             }
-            let _one_load = match library.loading.try_lock() {
+            let one_load = match library.loading.try_lock() {
                 Ok(first) => first,
                 Err(_) => {
-                    let waited = library.loading.lock().await;
-                    // Loaded meanwhile, by the call that held the lock?
+                    // Another call is loading it: wait for that load, then call again (it
+                    // loaded the library, or this call loads it on its next turn). Not while
+                    // holding the lock: with the server not answering, each call queued
+                    // behind would wait for every call before it, k command timeouts for the
+                    // k-th.
+                    drop(library.loading.lock().await);
                     reply = call().await;
-                    if !matches!(&reply, Err(error) if is_missing(error)) {
-                        continue;
-                    }
-                    waited
+                    continue;
                 }
             };
             tracing::debug!(
@@ -355,6 +356,8 @@ impl Script {
                     return None;
                 }
             }
+            // The calls waiting for this load call again now, at once with this one.
+            drop(one_load);
             reply = call().await;
         }
         match reply {

@@ -2046,3 +2046,53 @@ async fn connections_keep_tcp_keepalive_on() {
         "timers (02: keepalive) of the connections to the server: {timers:?}"
     );
 }
+
+/// Calls that find the function library gone while the server then stops answering: those
+/// queued behind the one loading it do not each make their call in turn while holding the
+/// load's lock, which made the k-th wait k command timeouts. They wait for the load, then
+/// call at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_queued_behind_a_failing_library_load_do_not_wait_in_turn() {
+    use fairlock_testsupport::LossyProxy;
+
+    const COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
+    const CALLS: u32 = 4;
+    let server = Server::start();
+    let proxy = LossyProxy::start(server.0.addr()).unwrap();
+    let backend = RedisBackend::builder(format!("redis://{}", proxy.addr()))
+        .pool_size(1)
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    granted(&backend, &request(&name(), &owner("a"), true)).await;
+    assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
+    // The load reaches the server; from it on, no reply comes back.
+    proxy.stall_replies_from(b"FUNCTION");
+    let started = tokio::time::Instant::now();
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                let result = backend.acquire(&request(&name(), &owner("a"), true)).await;
+                (result.is_err(), started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    let mut failed = 0;
+    for call in calls {
+        let (err, took) = call.await.unwrap();
+        failed += u32::from(err);
+        slowest = slowest.max(took);
+    }
+    proxy.release();
+    assert_eq!(failed, CALLS, "every call met the silent server");
+    // The load's timeout, then the calls' own, together; before, one more per queued call
+    // (1.6 s).
+    assert!(
+        slowest < COMMAND_TIMEOUT * 3,
+        "the slowest of {CALLS} calls took {slowest:?} (command timeout {COMMAND_TIMEOUT:?})"
+    );
+    granted(&backend, &request(&name(), &owner("a"), true)).await;
+}

@@ -1,6 +1,7 @@
 //! A TCP proxy on loopback that can lose one reply: the request reaches the server and is
 //! applied, the reply never reaches the client, and the connection drops. A client that
-//! re-sends after reconnecting (fred does) then delivers the same request twice.
+//! re-sends after reconnecting (fred does) then delivers the same request twice. It can also
+//! hold every reply back from a given request on, as a server that stopped answering.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -35,6 +36,10 @@ pub struct LossyProxy {
 struct Shared {
     /// The marker of the request whose reply is lost next, if armed.
     marker: Mutex<Option<Vec<u8>>>,
+    /// The marker of the request from which on replies are held back, if armed.
+    stall_marker: Mutex<Option<Vec<u8>>>,
+    /// Whether replies are held back now.
+    stalled: AtomicBool,
     lost: AtomicUsize,
     stop: AtomicBool,
 }
@@ -74,6 +79,21 @@ impl LossyProxy {
         *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
     }
 
+    /// Holds back every reply, on every connection, from the next request that contains
+    /// `marker` on (that request reaches the server), until [`release`](Self::release).
+    pub fn stall_replies_from(&self, marker: &[u8]) {
+        *self
+            .shared
+            .stall_marker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
+    /// Forwards the replies held back, and the later ones, again.
+    pub fn release(&self) {
+        self.shared.stalled.store(false, SeqCst);
+    }
+
     /// How many replies were lost so far.
     pub fn lost(&self) -> usize {
         self.shared.lost.load(SeqCst)
@@ -111,10 +131,24 @@ fn pump_pair(client: TcpStream, server: TcpStream, shared: Arc<Shared>) -> io::R
                 *marker = None;
                 requests_lose.store(true, SeqCst);
             }
+            let mut stall = requests_shared
+                .stall_marker
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if stall
+                .as_ref()
+                .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
+            {
+                *stall = None;
+                requests_shared.stalled.store(true, SeqCst);
+            }
             true
         },
     )?;
     pump("lossy-proxy-replies", server, client, move |_| {
+        while shared.stalled.load(SeqCst) && !shared.stop.load(SeqCst) {
+            thread::sleep(std::time::Duration::from_millis(2));
+        }
         if lose_next.load(SeqCst) {
             shared.lost.fetch_add(1, SeqCst);
             return false;
