@@ -316,11 +316,15 @@ impl Dispatcher {
         let Some(slots) = slots else {
             return;
         };
-        if self.known_slots() == Some(slots) {
+        if self.known_slots().as_ref() == Some(&slots) {
             return;
         }
-        // One run at a time; a change seen while one runs is compared again after it.
+        // One run at a time; a change seen while one runs is compared again after it: every
+        // client of the pool reports the same move, and the run before may have followed it.
         let _running = self.resync.lock().await;
+        if self.known_slots().as_ref() == Some(&slots) {
+            return;
+        }
         if self.subscriber.sync_cluster().await.is_err() {
             return;
         }
