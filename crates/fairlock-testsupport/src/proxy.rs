@@ -119,27 +119,11 @@ fn pump_pair(client: TcpStream, server: TcpStream, shared: Arc<Shared>) -> io::R
         client_in,
         server_out,
         move |chunk| {
-            let mut marker = requests_shared
-                .marker
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if marker
-                .as_ref()
-                .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
-            {
-                // Set before the request goes on, so its reply cannot pass first.
-                *marker = None;
+            // Set before the request goes on, so its reply cannot pass first.
+            if take_if_in(&requests_shared.marker, chunk) {
                 requests_lose.store(true, SeqCst);
             }
-            let mut stall = requests_shared
-                .stall_marker
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if stall
-                .as_ref()
-                .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
-            {
-                *stall = None;
+            if take_if_in(&requests_shared.stall_marker, chunk) {
                 requests_shared.stalled.store(true, SeqCst);
             }
             true
@@ -155,6 +139,18 @@ fn pump_pair(client: TcpStream, server: TcpStream, shared: Arc<Shared>) -> io::R
         }
         true
     })
+}
+
+/// Whether `chunk` contains the marker armed in `slot`, disarming it if so.
+fn take_if_in(slot: &Mutex<Option<Vec<u8>>>, chunk: &[u8]) -> bool {
+    let mut marker = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let found = marker
+        .as_ref()
+        .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()));
+    if found {
+        *marker = None;
+    }
+    found
 }
 
 /// Copies `from` to `to` on a thread of its own, chunk by chunk, while `forward` says so;
