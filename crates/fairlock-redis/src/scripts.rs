@@ -18,7 +18,7 @@
 //! `EVALSHA`, which needs no loading.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -63,6 +63,8 @@ pub(crate) struct Library {
     /// One load at a time: after a `FUNCTION FLUSH`, every waiter's next call finds the
     /// function missing, and one load serves them all.
     loading: tokio::sync::Mutex<()>,
+    /// How many loads were tried, failed ones included (see `call_function`).
+    loads_tried: AtomicU64,
 }
 
 // `lua` in this crate is a link to the workspace's `lua/`, so that `cargo package` copies the
@@ -193,6 +195,7 @@ impl Scripts {
                 code: code.as_str(),
                 usable: AtomicBool::new(true),
                 loading: tokio::sync::Mutex::new(()),
+                loads_tried: AtomicU64::new(0),
             });
             (library, names)
         });
@@ -310,8 +313,13 @@ impl Script {
                 words,
             )
         };
+        // Loads tried by any call of the backend so far: a load that ends after this call
+        // was sent may have come too late for it, and it calls again rather than load too.
+        let mut tried = library.loads_tried.load(Ordering::Acquire);
         let mut reply = call().await;
-        for _ in 0..LOAD_TRIES {
+        let mut loads = 0;
+        // Each turn either loads or calls again after another call's load: bounded both ways.
+        for _ in 0..2 * LOAD_TRIES {
             match &reply {
                 Err(error) if is_missing(error) => {}
                 Err(error) if refuses_functions(error) => {
@@ -320,49 +328,69 @@ impl Script {
                 }
                 _ => return Some(reply),
             }
-            let one_load = match library.loading.try_lock() {
-                Ok(first) => first,
-                Err(_) => {
-                    // Another call is loading it: wait for that load, then call again (it
-                    // loaded the library, or this call loads it on its next turn). Not while
-                    // holding the lock: with the server not answering, each call queued
-                    // behind would wait for every call before it, k command timeouts for the
-                    // k-th.
-                    drop(library.loading.lock().await);
-                    reply = call().await;
-                    continue;
-                }
-            };
-            tracing::debug!(
-                script = self.name,
-                "fairlock's function library not loaded on the server; loading it"
-            );
-            let load = CustomCommand::new_static("FUNCTION", ClusterHash::Custom(slot), false);
-            match client
-                .custom::<Value, &str>(load, vec!["LOAD", library.code])
-                .await
-            {
-                Ok(_) => {}
-                // Loaded meanwhile by another backend.
-                Err(error) if error.details().contains("already exists") => {}
-                // The server is away: the call fails as any other would (nothing ran).
-                Err(error) if is_connection(&error) => return Some(Err(error)),
-                Err(error) => {
-                    if refuses_functions(&error) {
-                        self.give_up_functions_if_denied(library, &error);
-                    } else {
-                        tracing::debug!(%error, "fairlock-redis: loading the function library failed; this call goes by SHA");
+            let loaded_since = |seen| library.loads_tried.load(Ordering::Acquire) != seen;
+            if !loaded_since(tried) {
+                // One load at a time; the lock is held for the load alone, so calls queued
+                // behind a load that fails (the server away) do not each wait for every call
+                // before them.
+                let one_load = library.loading.lock().await;
+                if !loaded_since(tried) {
+                    if loads == LOAD_TRIES {
+                        break;
                     }
-                    return None;
+                    loads += 1;
+                    let loaded = self.load(library, client, slot).await;
+                    library.loads_tried.fetch_add(1, Ordering::AcqRel);
+                    drop(one_load);
+                    if let Err(end) = loaded {
+                        return end;
+                    }
                 }
             }
-            // The calls waiting for this load call again now, at once with this one.
-            drop(one_load);
+            tried = library.loads_tried.load(Ordering::Acquire);
             reply = call().await;
         }
         match reply {
             Err(error) if is_missing(&error) => None,
+            Err(error) if refuses_functions(&error) => {
+                self.give_up_functions_if_denied(library, &error);
+                None
+            }
             other => Some(other),
+        }
+    }
+
+    /// Loads the library on the node of `slot`: `Ok` when it is there now (loaded, or by
+    /// another backend meanwhile); otherwise what `call_function` returns: the error if the
+    /// server is away (nothing ran), `None` (go by SHA) if it refuses the load.
+    async fn load(
+        &self,
+        library: &Library,
+        client: &Client,
+        slot: u16,
+    ) -> Result<(), Option<Result<Value, fred::error::Error>>> {
+        tracing::debug!(
+            script = self.name,
+            "fairlock's function library not loaded on the server; loading it"
+        );
+        let load = CustomCommand::new_static("FUNCTION", ClusterHash::Custom(slot), false);
+        match client
+            .custom::<Value, &str>(load, vec!["LOAD", library.code])
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Loaded meanwhile by another backend.
+            Err(error) if error.details().contains("already exists") => Ok(()),
+            // The server is away: the call fails as any other would (nothing ran).
+            Err(error) if is_connection(&error) => Err(Some(Err(error))),
+            Err(error) => {
+                if refuses_functions(&error) {
+                    self.give_up_functions_if_denied(library, &error);
+                } else {
+                    tracing::debug!(%error, "fairlock-redis: loading the function library failed; this call goes by SHA");
+                }
+                Err(None)
+            }
         }
     }
 

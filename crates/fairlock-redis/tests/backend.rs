@@ -2096,3 +2096,33 @@ async fn calls_queued_behind_a_failing_library_load_do_not_wait_in_turn() {
     );
     granted(&backend, &request(&name(), &owner("a"), true)).await;
 }
+
+/// After `FUNCTION FLUSH`, calls made at once all find their function missing: one load
+/// serves them all, including calls whose "missing" reply arrives after that load ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_library_load_serves_the_calls_that_found_it_missing() {
+    let server = Server::start();
+    let backend = RedisBackend::builder(server.url())
+        .pool_size(4)
+        .connect()
+        .await
+        .unwrap();
+    granted(&backend, &request(&name(), &owner("a"), true)).await;
+    for round in 0..5 {
+        assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
+        let loads_before = server.command_calls("function|load");
+        let calls: Vec<_> = (0..16)
+            .map(|_| {
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    granted(&backend, &request(&name(), &owner("a"), true)).await;
+                })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap();
+        }
+        let loads = server.command_calls("function|load") - loads_before;
+        assert_eq!(loads, 1, "round {round}: {loads} loads for 16 calls");
+    }
+}
