@@ -499,43 +499,50 @@ impl Dispatcher {
         let shared = subscribed;
         let failures = shared.failures();
         let mut state = shared.state.clone().lock_owned().await;
-        // While a background task retries, the watch leaves the subscribe to it; after a
-        // failure while this watch waited, it starts one.
-        if !state.subscribed && !state.retrying && shared.failures() != failures {
-            state.retrying = true;
-            drop(state);
-            self.subscribe_later(channel.to_owned(), shared);
-        } else if !state.subscribed && !state.retrying {
-            // In a task of its own that keeps the state's lock: a watch whose caller gives up
-            // (its deadline) does not stop it halfway, so the watches queued behind it find
-            // it done, rather than each starting it over. Only the first watch of a channel
-            // gets here.
-            let (dispatcher, channel) = (self.clone(), channel.to_owned());
-            let subscribing = self.runtime.spawn(async move {
-                match dispatcher.subscribe(&channel).await {
-                    Ok(()) => state.subscribed = true,
-                    // The subscriber is reconnecting (or the server refuses for now). Wake-ups
-                    // may be lost (the waiter heartbeats), so the caller is not failed for it:
-                    // the subscription is retried in the background.
-                    Err(error) => {
-                        tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
-                        shared.failed();
-                        state.retrying = true;
-                        drop(state);
-                        dispatcher.subscribe_later(channel, shared);
-                    }
-                }
-            });
-            // Failing only if the runtime is shutting down; the watch stands either way.
-            let _ = subscribing.await;
+        // Subscribed, or a background task retries: nothing for the watch to do.
+        if state.subscribed || state.retrying {
+            return Ok(watch.with_registration(registration));
         }
+        // A subscribe or unsubscribe failed while this watch waited: the server is not
+        // answering now, so the retries go to the background.
+        if shared.failures() != failures {
+            self.subscribe_later(channel.to_owned(), shared, state);
+            return Ok(watch.with_registration(registration));
+        }
+        // In a task of its own that keeps the state's lock: a watch whose caller gives up (its
+        // deadline) does not stop it halfway, so the watches queued behind it find it done,
+        // rather than each starting it over.
+        let (dispatcher, channel) = (self.clone(), channel.to_owned());
+        let subscribing = self.runtime.spawn(async move {
+            match dispatcher.subscribe(&channel).await {
+                Ok(()) => state.subscribed = true,
+                // The subscriber is reconnecting (or the server refuses for now). Wake-ups may
+                // be lost (the waiter heartbeats), so the caller is not failed for it: the
+                // subscription is retried in the background.
+                Err(error) => {
+                    tracing::debug!(%error, channel, "fairlock-redis: subscribing failed; retrying in the background");
+                    shared.failed();
+                    dispatcher.subscribe_later(channel, shared, state);
+                }
+            }
+        });
+        // Failing only if the runtime is shutting down; the watch stands either way.
+        let _ = subscribing.await;
         Ok(watch.with_registration(registration))
     }
 
     /// Retries subscribing `channel` with a backoff while it has watches and is not
-    /// subscribed; `shared` is the channel's state, marked as retrying. Clears that mark when
-    /// it stops, so the next watch tries again.
-    fn subscribe_later(self: &Arc<Self>, channel: String, shared: Shared) {
+    /// subscribed. `shared` is the channel's state, and `state` its lock, held by the caller:
+    /// the channel is marked as retried before the lock is let go, and the mark is cleared
+    /// when the retries stop, so the next watch tries again.
+    fn subscribe_later(
+        self: &Arc<Self>,
+        channel: String,
+        shared: Shared,
+        mut state: tokio::sync::OwnedMutexGuard<Subscription>,
+    ) {
+        state.retrying = true;
+        drop(state);
         let weak = Arc::downgrade(self);
         // On the dispatcher's runtime: a watch's own may end before the task does, and a
         // task dropped unfinished would leave the channel marked as retried for good.

@@ -1120,13 +1120,7 @@ async fn releases_finishing_around_every_count_do_not_force_free_the_callers_hol
 /// the deadline back past it), and the lost-lease signal fires.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_read_after_the_deadline_leaves_the_lease_lost() {
-    let faulty = Faulty::default();
-    let client = LockClient::new(faulty.clone());
-    let lock = client.fair_lock("x").unwrap();
-    let lease = lock.options().watchdog_lease;
-    let guard = lock.lock().await.unwrap();
-    let deadline = tokio::time::Instant::now() + lease;
-    faulty.gate_extends.store(true, SeqCst);
+    let (faulty, _lock, guard, deadline) = held_with_renewals_gated().await;
     // The renewal (applied at a third of the lease, so the store's lease is longer) is
     // answered just before the deadline and read just after it.
     answer_just_before_the_deadline(&guard, deadline, &faulty.extend_gate).await;
@@ -1215,6 +1209,17 @@ async fn starting_over_waits_for_its_own_abandon() {
 
 /// A handle whose hold keeps a level the store kept after a lost release, and no call of the
 /// handle under way: the backend, the handle, and the hold's token.
+/// A lock held with the default watchdog, whose renewals are applied and then wait for
+/// `extend_gate` before they answer: (the store, the lock, its guard, the guard's deadline).
+async fn held_with_renewals_gated() -> (Faulty, FairLock, LockGuard, tokio::time::Instant) {
+    let faulty = Faulty::default();
+    let lock = LockClient::new(faulty.clone()).fair_lock("x").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let deadline = tokio::time::Instant::now() + lock.options().watchdog_lease;
+    faulty.gate_extends.store(true, SeqCst);
+    (faulty, lock, guard, deadline)
+}
+
 async fn stale_level() -> (Faulty, Arc<FairLock>, u64) {
     let faulty = Faulty::default();
     let client = LockClient::new(faulty.clone());
@@ -1309,13 +1314,8 @@ async fn still_lost(guard: &LockGuard) {
 /// by the deadline read before it was sent, and reported the lease lost there.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_in_flight_follows_a_deadline_a_re_entry_raised() {
-    let faulty = Faulty::default();
-    let client = LockClient::new(faulty.clone());
-    let lock = client.fair_lock("x").unwrap();
+    let (faulty, lock, guard, first_deadline) = held_with_renewals_gated().await;
     let lease = lock.options().watchdog_lease;
-    let guard = lock.lock().await.unwrap();
-    let first_deadline = tokio::time::Instant::now() + lease;
-    faulty.gate_extends.store(true, SeqCst);
     // The renewal goes out at a third of the lease and hangs; then the holder re-enters.
     tokio::time::sleep(lease / 3 + Duration::from_millis(10)).await;
     let inner = lock.lock().await.unwrap();
