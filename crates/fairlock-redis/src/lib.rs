@@ -104,7 +104,8 @@ impl RedisBackend {
     /// A backend on clients you built and connected yourself (for your own TLS, credential
     /// or reconnect settings): `pool` runs the scripts, `subscriber` receives wake-ups and
     /// must be used for nothing else. Both must point at the same deployment. They are not
-    /// closed when the backend is dropped.
+    /// closed when the backend is dropped: it then unsubscribes its channels from
+    /// `subscriber` in the background, and its tasks end.
     ///
     /// Give the subscriber a large `broadcast_channel_capacity` in its
     /// [`PerformanceConfig`](fred::types::config::PerformanceConfig) (the builder uses 4096):
@@ -138,8 +139,13 @@ impl RedisBackend {
         // With acknowledgement, a hand-over's message is only a cue to confirm by a call that
         // waits for the replicas.
         let trust_grants = settings.replica_acks.is_none();
-        let dispatcher =
-            Dispatcher::start(subscriber, settings.linger, pubsub.clone(), trust_grants);
+        let dispatcher = Dispatcher::start(
+            subscriber,
+            settings.linger,
+            pubsub.clone(),
+            trust_grants,
+            settings.owns_clients,
+        );
         if pool.next().is_clustered() {
             dispatcher.follow_topology(pool.clients());
         }

@@ -66,6 +66,12 @@ pub(crate) struct Dispatcher {
     resync: tokio::sync::Mutex<()>,
     /// The slot map the subscriber routed its subscriptions with, last time they were made.
     known_slots: Mutex<Option<SlotMap>>,
+    /// Whether the subscriber is the backend's own, closed with it. One made elsewhere
+    /// outlives the backend, so dropping the dispatcher unsubscribes its channels from it.
+    owns_subscriber: bool,
+    /// Dropped with the dispatcher: its tasks stop then. They would otherwise wait for the
+    /// next message or reconnection of a subscriber that outlives the backend.
+    stop: tokio::sync::watch::Sender<()>,
 }
 
 /// Which node (by id) serves which slots.
@@ -149,6 +155,7 @@ impl Dispatcher {
         linger: Duration,
         pubsub: Arc<Detection>,
         trust_grants: bool,
+        owns_subscriber: bool,
     ) -> Arc<Self> {
         // 64 random bits: processes need distinct channels, nothing more.
         let waker = format!("{:016x}", AttemptId::random().as_u128() as u64);
@@ -163,13 +170,20 @@ impl Dispatcher {
             trust_grants,
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
+            owns_subscriber,
+            stop: tokio::sync::watch::Sender::new(()),
         });
         let mut messages = dispatcher.subscriber.message_rx();
         let weak = Arc::downgrade(&dispatcher);
+        let mut stop = dispatcher.stop.subscribe();
         tokio::spawn(async move {
             let mut last_lag_recheck: Option<tokio::time::Instant> = None;
             loop {
-                let received = messages.recv().await;
+                let received = tokio::select! {
+                    biased;
+                    received = messages.recv() => received,
+                    _ = stop.changed() => return,
+                };
                 let Some(dispatcher) = weak.upgrade() else {
                     return;
                 };
@@ -206,9 +220,13 @@ impl Dispatcher {
         });
         let mut reconnects = dispatcher.subscriber.reconnect_rx();
         let weak = Arc::downgrade(&dispatcher);
+        let mut stop = dispatcher.stop.subscribe();
         tokio::spawn(async move {
             loop {
-                let received = reconnects.recv().await;
+                let received = tokio::select! {
+                    received = reconnects.recv() => received,
+                    _ = stop.changed() => return,
+                };
                 let Some(dispatcher) = weak.upgrade() else {
                     return;
                 };
@@ -246,9 +264,13 @@ impl Dispatcher {
             let mut changes = client.cluster_change_rx();
             let client = client.clone();
             let weak = Arc::downgrade(self);
+            let mut stop = self.stop.subscribe();
             tokio::spawn(async move {
                 loop {
-                    let received = changes.recv().await;
+                    let received = tokio::select! {
+                        received = changes.recv() => received,
+                        _ = stop.changed() => return,
+                    };
                     let Some(dispatcher) = weak.upgrade() else {
                         return;
                     };
@@ -428,16 +450,9 @@ impl Dispatcher {
     /// Unsubscribes a lock's `channel` and this dispatcher's channel of the lock; nothing to do
     /// while the mode is unknown, since nothing was subscribed then.
     async fn unsubscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
-        let own = self.own_channel(channel);
         match self.pubsub.known() {
-            // Both, whatever the first reply: nothing tries again after the linger.
-            Some(PubsubMode::Sharded) => {
-                let first = self.subscriber.sunsubscribe(channel).await;
-                first.and(self.subscriber.sunsubscribe(own).await)
-            }
-            Some(PubsubMode::Classic) => {
-                let first = self.subscriber.unsubscribe(channel).await;
-                first.and(self.subscriber.unsubscribe(own).await)
+            Some(mode) => {
+                unsubscribe_both(&self.subscriber, mode, channel, self.own_channel(channel)).await
             }
             None => Ok(()),
         }
@@ -682,6 +697,60 @@ impl Dispatcher {
         channels
             .get(channel)
             .is_some_and(|entry| entry.watches == 0 && Arc::ptr_eq(&entry.subscribed, subscribed))
+    }
+}
+
+impl Drop for Dispatcher {
+    /// Takes this dispatcher's channels off a subscriber made elsewhere, which outlives it:
+    /// those lingering after their last watch, and any left with watches. The backend's own
+    /// subscriber is closed instead (see `Inner`'s drop in `lib.rs`).
+    fn drop(&mut self) {
+        // Their unsubscribes would find the dispatcher gone: called off now, outside the
+        // map's lock (see `watch`).
+        let (channels, lingering): (Vec<String>, Vec<Option<DeferredTask>>) = self
+            .channels()
+            .iter_mut()
+            .map(|(channel, entry)| (channel.clone(), entry.linger.take()))
+            .unzip();
+        for unsubscribe in lingering.into_iter().flatten() {
+            unsubscribe.cancel();
+        }
+        if self.owns_subscriber {
+            return;
+        }
+        let Some(mode) = self.pubsub.known().filter(|_| !channels.is_empty()) else {
+            return; // nothing was subscribed
+        };
+        let (subscriber, suffix) = (self.subscriber.clone(), self.own_suffix.clone());
+        // A runtime shutting down drops the task: its connections go with it.
+        self.runtime.spawn(async move {
+            for channel in channels {
+                let own = format!("{channel}{suffix}");
+                if let Err(error) = unsubscribe_both(&subscriber, mode, &channel, own).await {
+                    tracing::debug!(%error, channel, "fairlock-redis: unsubscribe of a dropped backend failed");
+                }
+            }
+        });
+    }
+}
+
+/// Unsubscribes a lock's `channel` and `own`, a dispatcher's channel of the lock, with the
+/// commands of `mode`: both, whatever the first reply, since nothing tries again.
+async fn unsubscribe_both(
+    subscriber: &SubscriberClient,
+    mode: PubsubMode,
+    channel: &str,
+    own: String,
+) -> Result<(), fred::error::Error> {
+    match mode {
+        PubsubMode::Sharded => {
+            let first = subscriber.sunsubscribe(channel).await;
+            first.and(subscriber.sunsubscribe(own).await)
+        }
+        PubsubMode::Classic => {
+            let first = subscriber.unsubscribe(channel).await;
+            first.and(subscriber.unsubscribe(own).await)
+        }
     }
 }
 

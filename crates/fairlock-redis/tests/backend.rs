@@ -1972,6 +1972,13 @@ async fn a_backend_on_clients_built_elsewhere() {
     ));
 }
 
+/// A dropped backend on clients built elsewhere takes its channels off their subscriber and
+/// ends its tasks (see `common::dropped_backend_leaves_no_subscription_or_task`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_on_clients_built_elsewhere_leaves_no_subscription_or_task() {
+    common::dropped_backend_leaves_no_subscription_or_task(&Server::start(), "SHARDCHANNELS").await;
+}
+
 #[test]
 fn the_backend_is_a_shareable_trait_object() {
     fn shareable<T: Send + Sync + 'static>() {}

@@ -45,6 +45,12 @@ async fn redis_6_2_keeps_the_fairlock_contract() {
     );
 }
 
+/// The same on Redis 6.2, whose channels are classic ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_on_redis_6_2_clients_leaves_no_subscription_or_task() {
+    common::dropped_backend_leaves_no_subscription_or_task(&start_62(), "CHANNELS").await;
+}
+
 /// Options under which only a wake-up can hand the lock over quickly: a waiter heartbeats
 /// every 20 s, and the holder's lease (when the head waiter would look again) is 30 s.
 fn slow_polling() -> LockOptions {

@@ -78,3 +78,60 @@ pub async fn granted(backend: &RedisBackend, request: &AcquireRequest) -> Grant 
         other => panic!("{} expected a grant, got {other:?}", request.owner),
     }
 }
+
+/// A backend on clients built elsewhere does not close them when dropped, so it must take its
+/// own subscriptions off the subscriber, and end its tasks. Before, a channel lingering when
+/// the backend was dropped stayed subscribed for as long as the user's subscriber lived (the
+/// linger's unsubscribe found the backend gone), and the backend's tasks waited for the next
+/// message or reconnection of that subscriber. `listing` is the `PUBSUB` subcommand that
+/// lists the server's channels of the backend's pub/sub mode (`SHARDCHANNELS` or `CHANNELS`).
+pub async fn dropped_backend_leaves_no_subscription_or_task(server: &Server, listing: &str) {
+    use fairlock_redis::fred::interfaces::{ClientLike, PubsubInterface};
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    let pool = builder.build_pool(2).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    // A channel of the user's own on the same subscriber, which must stay.
+    subscriber.subscribe("theirs").await.unwrap();
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = alive();
+    let backend = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "left:").unwrap();
+    let (lock, a) = (name(), owner("a"));
+    let pattern = format!("left:{{{}}}:c*", lock.as_str());
+    let ours = || server.cli(&["PUBSUB", listing, &pattern]).lines().count();
+    // Held and released with a watch, as `lock()` does: the channels linger after it.
+    let holding = request(&lock, &a, true);
+    let watch = backend.watch(&lock, &a).await.unwrap();
+    let grant = granted(&backend, &holding).await;
+    backend
+        .release(&holding.name, &holding.owner, grant.token, holding.attempt)
+        .await
+        .unwrap();
+    drop(watch);
+    assert_eq!(ours(), 2, "the lock's channel and the backend's own");
+    drop(backend);
+    let started = std::time::Instant::now();
+    while ours() > 0 || alive() > before {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "5 s after the drop: {} channels, {} more tasks than before the backend",
+            ours(),
+            alive().saturating_sub(before)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        server.cli(&["PUBSUB", "CHANNELS", "theirs"]).trim(),
+        "theirs",
+        "the user's own subscription went too"
+    );
+    assert!(subscriber.is_connected());
+}
