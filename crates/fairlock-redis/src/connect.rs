@@ -250,7 +250,10 @@ impl RedisBackendBuilder {
         let limit = self.connect_timeout + Duration::from_millis(500);
         // fred's connection tasks outlive their handles and reconnect forever: whatever
         // ends this call early (an error, a timeout, the caller dropping it) must quit them.
-        let mut cleanup = QuitOnDrop(Some((pool.clone(), subscriber.clone())));
+        let mut cleanup = QuitOnDrop {
+            clients: Some((pool.clone(), subscriber.clone())),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        };
         let connected = async {
             pool.init().await?;
             subscriber.init().await?;
@@ -286,7 +289,7 @@ impl RedisBackendBuilder {
         }
         // Still under the clean-up guard: a caller that drops connect() here leaves nothing.
         warn_if_locks_may_be_evicted(&pool, &endpoint).await;
-        cleanup.0 = None;
+        cleanup.clients = None;
         Ok(RedisBackend::assemble(
             pool,
             subscriber,
@@ -391,15 +394,19 @@ pub(crate) struct ReplicaAcks {
 }
 
 /// Quits the connections it holds when dropped, unless emptied first.
-struct QuitOnDrop(Option<(Pool, SubscriberClient)>);
+struct QuitOnDrop {
+    clients: Option<(Pool, SubscriberClient)>,
+    /// The runtime `connect` runs on, which runs the connections: its future may be dropped
+    /// outside any runtime.
+    runtime: Option<tokio::runtime::Handle>,
+}
 
 impl Drop for QuitOnDrop {
     fn drop(&mut self) {
-        let Some((pool, subscriber)) = self.0.take() else {
+        let Some((pool, subscriber)) = self.clients.take() else {
             return;
         };
-        // `connect` only runs inside a runtime, so there is one to quit on.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(runtime) = &self.runtime {
             runtime.spawn(async move {
                 let _ = subscriber.quit().await;
                 let _ = pool.quit().await;

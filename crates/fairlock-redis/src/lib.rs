@@ -218,12 +218,11 @@ impl Drop for Inner {
         if !self.owns_clients {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+        // On the runtime the backend was made on, which runs the clients' connections: the
+        // last clone may be dropped outside any runtime, or on another.
         let pool = self.pool.clone();
         let subscriber = self.dispatcher.subscriber().clone();
-        runtime.spawn(async move {
+        self.dispatcher.runtime().spawn(async move {
             let _ = subscriber.quit().await;
             let _ = pool.quit().await;
         });

@@ -472,6 +472,11 @@ impl Dispatcher {
         &self.subscriber
     }
 
+    /// The runtime the dispatcher was started on: the backend's.
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
     fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
         // The map stays consistent per operation even if a holder panicked.
         self.channels

@@ -1416,6 +1416,60 @@ async fn a_cancelled_connect_leaves_no_connection_behind() {
     assert_eq!(clients_of(&server), 0);
 }
 
+/// The same for a `connect` future dropped on a thread outside any runtime, after it started
+/// connecting on one: before, its clean-up looked for the current runtime and found none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_dropped_outside_a_runtime_leaves_no_connection_behind() {
+    let server = Server::start();
+    server.0.pause_process().unwrap();
+    let mut connect = Box::pin(
+        RedisBackend::builder(server.url())
+            .connect_timeout(Duration::from_secs(30))
+            .connect(),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut connect)
+            .await
+            .is_err()
+    );
+    std::thread::spawn(move || drop(connect)).join().unwrap();
+    server.0.resume_process().unwrap();
+    let started = std::time::Instant::now();
+    while clients_of(&server) > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "5 s after the drop: {}",
+            server.cli(&["CLIENT", "LIST"])
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Stays at zero: nothing reconnects later.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(clients_of(&server), 0);
+}
+
+/// A backend dropped on a thread outside any runtime (its last clone sent there) closes its
+/// connections all the same. Before, its drop looked for the current runtime to quit them on,
+/// found none, and left them (and their subscriptions) for the life of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_dropped_outside_a_runtime_closes_its_connections() {
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let _watch = backend.watch(&lock, &owner("a")).await.unwrap();
+    assert!(clients_of(&server) > 0);
+    std::thread::spawn(move || drop(backend)).join().unwrap();
+    let started = std::time::Instant::now();
+    while clients_of(&server) > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "5 s after the drop: {}",
+            server.cli(&["CLIENT", "LIST"])
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_keep_growing_after_the_server_loses_its_data() {
     let server = Server::start();
