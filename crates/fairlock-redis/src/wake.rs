@@ -740,23 +740,28 @@ impl Drop for Dispatcher {
 }
 
 /// Unsubscribes a lock's `channel` and `own`, a dispatcher's channel of the lock, with the
-/// commands of `mode`: both, whatever the first reply, since nothing tries again.
+/// commands of `mode`: both, whatever the other's reply, since nothing tries again. At once,
+/// not one after the other: fred answers an unsubscribe when it is written, but one queued
+/// while the subscriber reconnects waits up to the command timeout, and the channel's lock is
+/// held meanwhile (a watch waiting for it would wait for both).
 async fn unsubscribe_both(
     subscriber: &SubscriberClient,
     mode: PubsubMode,
     channel: &str,
     own: String,
 ) -> Result<(), fred::error::Error> {
-    match mode {
+    let (first, second) = match mode {
         PubsubMode::Sharded => {
-            let first = subscriber.sunsubscribe(channel).await;
-            first.and(subscriber.sunsubscribe(own).await)
+            tokio::join!(
+                subscriber.sunsubscribe(channel),
+                subscriber.sunsubscribe(own)
+            )
         }
         PubsubMode::Classic => {
-            let first = subscriber.unsubscribe(channel).await;
-            first.and(subscriber.unsubscribe(own).await)
+            tokio::join!(subscriber.unsubscribe(channel), subscriber.unsubscribe(own))
         }
-    }
+    };
+    first.and(second)
 }
 
 impl Drop for Registration {

@@ -295,3 +295,29 @@ async fn a_failed_subscribe_is_retried_after_the_watch_runtime_ends() {
     .await;
     drop(watch);
 }
+
+/// A watch made while its channel's unsubscribe (the linger over) waits for the subscriber to
+/// reconnect waits for that unsubscribe once: about one command timeout, then its subscribe
+/// goes to the background. The unsubscribe queued its two channels' commands one after the
+/// other, each waiting out the timeout, so the watch waited two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_behind_a_hanging_unsubscribe_waits_one_command_timeout() {
+    let (_scripts, mut silent, backend, subscriber) = silent_subscriber().await;
+    let (lock, who) = (name(), owner("waiter"));
+    drop(backend.watch(&lock, &who).await.unwrap());
+    // Gone: the subscriber reconnects in vain, and its commands wait for it to the timeout.
+    silent.0.stop();
+    // The default linger (2 s, as `from_clients` has it) runs out, and its unsubscribe hangs.
+    tokio::time::sleep(Duration::from_millis(2_150)).await;
+    let started = tokio::time::Instant::now();
+    let watch = backend.watch(&lock, &who).await;
+    let took = started.elapsed();
+    watch.expect("a watch is not failed for an unsubscribe that failed");
+    // What is left of the unsubscribe's one timeout (250 ms), and room; the old code took
+    // what was left of two (650 ms).
+    assert!(
+        took < COMMAND_TIMEOUT + COMMAND_TIMEOUT / 4,
+        "the watch took {took:?} (command timeout {COMMAND_TIMEOUT:?})"
+    );
+    let _ = subscriber.quit().await;
+}
