@@ -103,9 +103,12 @@ impl RedisBackend {
 
     /// A backend on clients you built and connected yourself (for your own TLS, credential
     /// or reconnect settings): `pool` runs the scripts, `subscriber` receives wake-ups and
-    /// must be used for nothing else. Both must point at the same deployment. They are not
-    /// closed when the backend is dropped: it then unsubscribes its channels from
-    /// `subscriber` in the background, and its tasks end.
+    /// must be used for nothing else (fairlock's backends may share it, at once or one after
+    /// another: a lock's channel stays subscribed while any of them watches the lock). Both
+    /// must point at the same deployment. They are not closed when the backend is dropped: it
+    /// then unsubscribes its channels from `subscriber` in the background, and its tasks end.
+    /// Do not call fred's `manage_subscriptions` or `resubscribe_all` on it: the backend
+    /// subscribes its channels again itself after a reconnect.
     ///
     /// Give the subscriber a large `broadcast_channel_capacity` in its
     /// [`PerformanceConfig`](fred::types::config::PerformanceConfig) (the builder uses 4096):

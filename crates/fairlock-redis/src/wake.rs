@@ -12,7 +12,8 @@
 //! still being cleared), goes on the lock's channel.
 //! Locally, a lock maps to the watches of this process, by owner: every watch of the owner
 //! gets the message, and the core tells its attempts apart. Both channels of a lock are
-//! subscribed while it has at least one local watch.
+//! subscribed while it has at least one local watch. A subscriber made elsewhere may serve
+//! several backends; a lock's channel is then theirs together (see [`SHARED`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,8 +68,11 @@ pub(crate) struct Dispatcher {
     /// The slot map the subscriber routed its subscriptions with, last time they were made.
     known_slots: Mutex<Option<SlotMap>>,
     /// Whether the subscriber is the backend's own, closed with it. One made elsewhere
-    /// outlives the backend, so dropping the dispatcher unsubscribes its channels from it.
+    /// outlives the backend, so dropping the dispatcher unsubscribes its channels from it,
+    /// and it may serve other backends too: then the lock channels go through [`SHARED`].
     owns_subscriber: bool,
+    /// This dispatcher in [`SHARED`].
+    number: u64,
     /// Dropped with the dispatcher: its tasks stop then. They would otherwise wait for the
     /// next message or reconnection of a subscriber that outlives the backend.
     stop: tokio::sync::watch::Sender<()>,
@@ -171,6 +175,7 @@ impl Dispatcher {
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
             owns_subscriber,
+            number: NEXT_NUMBER.fetch_add(1, Ordering::Relaxed),
             stop: tokio::sync::watch::Sender::new(()),
         });
         let mut messages = dispatcher.subscriber.message_rx();
@@ -428,7 +433,15 @@ impl Dispatcher {
     /// first, so that once the lock's channel has a subscriber, both have.
     async fn subscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
         let own = self.own_channel(channel);
-        match self.pubsub.mode().await? {
+        let mode = self.pubsub.mode().await?;
+        // Held until the reply: another backend on the subscriber must not unsubscribe the
+        // lock's channel in between.
+        let shared = self.shared(channel);
+        let _users = match &shared {
+            Some(shared) => Some(shared.join(self.number).await),
+            None => None,
+        };
+        match mode {
             PubsubMode::Sharded => {
                 // One command each: fred waits for the reply to one channel only.
                 self.subscriber.ssubscribe(own).await?;
@@ -450,12 +463,26 @@ impl Dispatcher {
     /// Unsubscribes a lock's `channel` and this dispatcher's channel of the lock; nothing to do
     /// while the mode is unknown, since nothing was subscribed then.
     async fn unsubscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
-        match self.pubsub.known() {
-            Some(mode) => {
-                unsubscribe_both(&self.subscriber, mode, channel, self.own_channel(channel)).await
+        let Some(mode) = self.pubsub.known() else {
+            return Ok(());
+        };
+        let own = self.own_channel(channel);
+        match self.shared(channel) {
+            None => unsubscribe_both(&self.subscriber, mode, own, Some(channel)).await,
+            Some(shared) => {
+                shared
+                    .leave(self.number, |last| {
+                        unsubscribe_both(&self.subscriber, mode, own, last.then_some(channel))
+                    })
+                    .await
             }
-            None => Ok(()),
         }
+    }
+
+    /// Who wants `channel`, a lock's channel, subscribed on this subscriber: `None` when the
+    /// subscriber is this backend's own.
+    fn shared(&self, channel: &str) -> Option<Arc<SharedChannel>> {
+        (!self.owns_subscriber).then(|| SharedChannel::of(self.subscriber.id(), channel))
     }
 
     /// This dispatcher's channel of the lock whose channel is `channel`.
@@ -726,42 +753,132 @@ impl Drop for Dispatcher {
         let Some(mode) = self.pubsub.known().filter(|_| !channels.is_empty()) else {
             return; // nothing was subscribed
         };
-        let (subscriber, suffix) = (self.subscriber.clone(), self.own_suffix.clone());
-        // A runtime shutting down drops the task: its connections go with it.
+        let (subscriber, suffix, number) = (
+            self.subscriber.clone(),
+            self.own_suffix.clone(),
+            self.number,
+        );
+        // A runtime shutting down drops the task: its connections go with it. The channels at
+        // once, so a server away costs about one command timeout, not one per channel.
         self.runtime.spawn(async move {
-            for channel in channels {
+            let subscriber = &subscriber;
+            let leaving = channels.into_iter().map(|channel| {
                 let own = format!("{channel}{suffix}");
-                if let Err(error) = unsubscribe_both(&subscriber, mode, &channel, own).await {
-                    tracing::debug!(%error, channel, "fairlock-redis: unsubscribe of a dropped backend failed");
+                let shared = SharedChannel::of(subscriber.id(), &channel);
+                async move {
+                    let left = shared
+                        .leave(number, |last| {
+                            unsubscribe_both(subscriber, mode, own, last.then_some(&channel))
+                        })
+                        .await;
+                    if let Err(error) = left {
+                        tracing::debug!(%error, channel, "fairlock-redis: unsubscribe of a dropped backend failed");
+                    }
                 }
-            }
+            });
+            futures::future::join_all(leaving).await;
         });
     }
 }
 
-/// Unsubscribes a lock's `channel` and `own`, a dispatcher's channel of the lock, with the
-/// commands of `mode`: both, whatever the other's reply, since nothing tries again. At once,
-/// not one after the other: fred answers an unsubscribe when it is written, but one queued
-/// while the subscriber reconnects waits up to the command timeout, and the channel's lock is
-/// held meanwhile (a watch waiting for it would wait for both).
+/// Unsubscribes `own`, a dispatcher's channel of a lock, and the lock's `channel` if given,
+/// with the commands of `mode`: both, whatever the other's reply, since nothing tries again.
+/// At once, not one after the other: fred answers an unsubscribe when it is written, but one
+/// queued while the subscriber reconnects waits up to the command timeout, and the channel's
+/// lock is held meanwhile (a watch waiting for it would wait for both).
 async fn unsubscribe_both(
     subscriber: &SubscriberClient,
     mode: PubsubMode,
-    channel: &str,
     own: String,
+    channel: Option<&str>,
 ) -> Result<(), fred::error::Error> {
-    let (first, second) = match mode {
-        PubsubMode::Sharded => {
-            tokio::join!(
-                subscriber.sunsubscribe(channel),
-                subscriber.sunsubscribe(own)
-            )
-        }
-        PubsubMode::Classic => {
-            tokio::join!(subscriber.unsubscribe(channel), subscriber.unsubscribe(own))
+    let unsubscribe = |name: String| async move {
+        match mode {
+            PubsubMode::Sharded => subscriber.sunsubscribe(name).await,
+            PubsubMode::Classic => subscriber.unsubscribe(name).await,
         }
     };
+    let (first, second) = tokio::join!(unsubscribe(own), async {
+        match channel {
+            Some(channel) => unsubscribe(channel.to_owned()).await,
+            None => Ok(()),
+        }
+    });
     first.and(second)
+}
+
+/// Numbers dispatchers apart in [`SHARED`].
+static NEXT_NUMBER: AtomicU64 = AtomicU64::new(0);
+
+/// A lock's channel (`:c`) is the same for every backend with the same prefix, and a
+/// subscriber made elsewhere may serve several backends: one made while another is dropped
+/// (whose tasks may still run), or several at once. The server keeps one subscription per
+/// connection and channel, so one backend's unsubscribe would take it from the others. Here,
+/// by subscriber (fred's client id, shared by its clones) and lock channel: which dispatchers
+/// want it, under a lock that orders their subscribes and unsubscribes of it. Dispatchers on
+/// a subscriber of their own do not use it. An entry goes with its last user.
+static SHARED: std::sync::LazyLock<Mutex<SharedTable>> = std::sync::LazyLock::new(Mutex::default);
+
+type SharedTable = HashMap<(String, String), Arc<SharedChannel>>;
+
+#[derive(Debug, Default)]
+struct SharedChannel {
+    /// The dispatchers (by number) that want the channel subscribed; held across a command on
+    /// it.
+    users: tokio::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl SharedChannel {
+    fn table() -> MutexGuard<'static, SharedTable> {
+        SHARED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The entry of `channel` on the subscriber `subscriber_id`, made if missing.
+    fn of(subscriber_id: &str, channel: &str) -> Arc<SharedChannel> {
+        Self::table()
+            .entry((subscriber_id.to_owned(), channel.to_owned()))
+            .or_default()
+            .clone()
+    }
+
+    /// Adds `number` to the users; the guard keeps others from unsubscribing until the
+    /// caller's subscribe has its reply.
+    async fn join(
+        &self,
+        number: u64,
+    ) -> tokio::sync::MutexGuard<'_, std::collections::HashSet<u64>> {
+        let mut users = self.users.lock().await;
+        users.insert(number);
+        users
+    }
+
+    /// Takes `number` off the users and runs `unsubscribe(last)`, `last` telling whether it
+    /// was the last (so the lock's channel goes too), under the users' lock. The entry goes
+    /// with its last user, unless someone else is about to use it.
+    async fn leave<F, Fut>(
+        self: Arc<Self>,
+        number: u64,
+        unsubscribe: F,
+    ) -> Result<(), fred::error::Error>
+    where
+        F: FnOnce(bool) -> Fut,
+        Fut: std::future::Future<Output = Result<(), fred::error::Error>>,
+    {
+        let mut users = self.users.lock().await;
+        users.remove(&number);
+        let result = unsubscribe(users.is_empty()).await;
+        if users.is_empty() {
+            // References are only made under the table's lock: with just the table's and this
+            // one left, nobody waits for the entry or is about to.
+            let mut table = Self::table();
+            if Arc::strong_count(&self) == 2 {
+                table.retain(|_, entry| !Arc::ptr_eq(entry, &self));
+            }
+        }
+        result
+    }
 }
 
 impl Drop for Registration {

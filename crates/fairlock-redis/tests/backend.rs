@@ -2033,6 +2033,67 @@ async fn a_dropped_backend_on_clients_built_elsewhere_leaves_no_subscription_or_
     common::dropped_backend_leaves_no_subscription_or_task(&Server::start(), "SHARDCHANNELS").await;
 }
 
+/// Two backends on one subscriber made elsewhere (the second made while the first is dropped,
+/// whose tasks may still run, or both kept): a lock's channel is the same for both, so neither
+/// the first's linger nor its drop may unsubscribe it while the second still watches the lock.
+/// Before, both did, and the second's waiters heard nothing on it (`A`, and the wake-ups of
+/// owners shared between processes) until a reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_sharing_a_subscriber_keep_the_channels_the_other_watches() {
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+    let server = Server::start();
+    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    let pool = builder.build_pool(2).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    let first = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "two:").unwrap();
+    let second = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "two:").unwrap();
+    let lock = name();
+    let pattern = format!("two:{{{}}}:c*", lock.as_str());
+    let listed = || sorted_lines(&server, &["PUBSUB", "SHARDCHANNELS", &pattern]);
+    let shared = format!("two:{{{}}}:c", lock.as_str());
+    let mut wakes = second.watch(&lock, &owner("b")).await.unwrap();
+    assert_eq!(listed().len(), 2, "the lock's channel and the second's own");
+    drop(first.watch(&lock, &owner("a")).await.unwrap());
+    assert_eq!(listed().len(), 3, "and the first's own: {:?}", listed());
+    // The first's linger (2 s) runs out: its own channel goes, the shared one stays.
+    let started = std::time::Instant::now();
+    while listed().len() > 2 {
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", listed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        listed().contains(&shared),
+        "after the linger: {:?}",
+        listed()
+    );
+    // The same when the first is dropped with the channel lingering.
+    drop(first.watch(&lock, &owner("a")).await.unwrap());
+    assert_eq!(listed().len(), 3, "{:?}", listed());
+    drop(first);
+    while listed().len() > 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            listed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(listed().contains(&shared), "after the drop: {:?}", listed());
+    // And the second's watch hears what is published there.
+    server.cli(&["SPUBLISH", &shared, "A"]);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(2), wakes.recv()).await,
+        Ok(Some(fairlock::backend::Wake::Recheck))
+    );
+}
+
 #[test]
 fn the_backend_is_a_shareable_trait_object() {
     fn shareable<T: Send + Sync + 'static>() {}
