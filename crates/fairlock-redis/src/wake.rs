@@ -1,4 +1,5 @@
-//! Wake-ups: one subscriber connection per backend fans messages out to local waiters.
+//! Wake-ups: one subscriber connection per backend (or shared by backends, when made elsewhere)
+//! fans messages out to local waiters.
 //!
 //! Each lock has a channel, and each dispatcher (one per backend) one more per lock, the
 //! lock's channel followed by `:<waker>`, a random id of the dispatcher that its waiters'
@@ -432,32 +433,31 @@ impl Dispatcher {
     /// `channel` is a lock's channel: this dispatcher's channel of the lock is subscribed
     /// first, so that once the lock's channel has a subscriber, both have.
     async fn subscribe(&self, channel: &str) -> Result<(), fred::error::Error> {
-        let own = self.own_channel(channel);
         let mode = self.pubsub.mode().await?;
-        // Held until the reply: another backend on the subscriber must not unsubscribe the
-        // lock's channel in between.
-        let shared = self.shared(channel);
-        let _users = match &shared {
-            Some(shared) => Some(shared.join(self.number).await),
-            None => None,
-        };
-        match mode {
-            PubsubMode::Sharded => {
-                // One command each: fred waits for the reply to one channel only.
-                self.subscriber.ssubscribe(own).await?;
-                self.subscriber.ssubscribe(channel).await
+        // One command each: fred waits for the reply to one channel only.
+        let subscribe = |name: String| async move {
+            match mode {
+                PubsubMode::Sharded => self.subscriber.ssubscribe(name).await,
+                PubsubMode::Classic => self.subscriber.subscribe(name).await,
             }
-            PubsubMode::Classic => {
-                self.subscriber.subscribe(own).await?;
-                self.subscriber.subscribe(channel).await?;
-                // The node fred sends classic subscriptions to in a Cluster (see fred's
-                // `cluster_hash_legacy_command`); ignored elsewhere.
-                let slot = fred::util::redis_keyslot(self.subscriber.id().as_bytes());
-                let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
-                let _: Value = self.subscriber.custom(ping, Vec::<Value>::new()).await?;
-                Ok(())
+        };
+        subscribe(self.own_channel(channel)).await?;
+        match self.shared(channel) {
+            None => subscribe(channel.to_owned()).await?,
+            Some(shared) => {
+                shared
+                    .join(self.number, subscribe(channel.to_owned()))
+                    .await?
             }
         }
+        if mode == PubsubMode::Classic {
+            // The node fred sends classic subscriptions to in a Cluster (see fred's
+            // `cluster_hash_legacy_command`); ignored elsewhere.
+            let slot = fred::util::redis_keyslot(self.subscriber.id().as_bytes());
+            let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
+            let _: Value = self.subscriber.custom(ping, Vec::<Value>::new()).await?;
+        }
+        Ok(())
     }
 
     /// Unsubscribes a lock's `channel` and this dispatcher's channel of the lock; nothing to do
@@ -821,11 +821,16 @@ static SHARED: std::sync::LazyLock<Mutex<SharedTable>> = std::sync::LazyLock::ne
 
 type SharedTable = HashMap<(String, String), Arc<SharedChannel>>;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SharedChannel {
+    /// Its key in [`SHARED`].
+    key: (String, String),
     /// The dispatchers (by number) that want the channel subscribed; held across a command on
-    /// it.
+    /// it, so those of different dispatchers reach the server in its order.
     users: tokio::sync::Mutex<std::collections::HashSet<u64>>,
+    /// How many of those commands failed: a dispatcher that waited while one did does not
+    /// send its own (the server is not answering now), as a watch does for its channel.
+    failures: AtomicU64,
 }
 
 impl SharedChannel {
@@ -837,21 +842,39 @@ impl SharedChannel {
 
     /// The entry of `channel` on the subscriber `subscriber_id`, made if missing.
     fn of(subscriber_id: &str, channel: &str) -> Arc<SharedChannel> {
+        let key = (subscriber_id.to_owned(), channel.to_owned());
         Self::table()
-            .entry((subscriber_id.to_owned(), channel.to_owned()))
-            .or_default()
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(SharedChannel {
+                    key,
+                    users: tokio::sync::Mutex::default(),
+                    failures: AtomicU64::new(0),
+                })
+            })
             .clone()
     }
 
-    /// Adds `number` to the users; the guard keeps others from unsubscribing until the
-    /// caller's subscribe has its reply.
+    /// Adds `number` to the users and runs `subscribe` under their lock, so that no other
+    /// dispatcher unsubscribes the channel until its reply. Fails without sending it if a
+    /// command on the channel failed while this one waited for the lock.
     async fn join(
         &self,
         number: u64,
-    ) -> tokio::sync::MutexGuard<'_, std::collections::HashSet<u64>> {
+        subscribe: impl std::future::Future<Output = Result<(), fred::error::Error>>,
+    ) -> Result<(), fred::error::Error> {
+        let failures = self.failures.load(Ordering::Acquire);
         let mut users = self.users.lock().await;
         users.insert(number);
-        users
+        if self.failures.load(Ordering::Acquire) != failures {
+            return Err(fred::error::Error::new(
+                fred::error::ErrorKind::Timeout,
+                "another backend's command on the channel failed meanwhile",
+            ));
+        }
+        let result = subscribe.await;
+        self.count(&result);
+        result
     }
 
     /// Takes `number` off the users and runs `unsubscribe(last)`, `last` telling whether it
@@ -869,15 +892,26 @@ impl SharedChannel {
         let mut users = self.users.lock().await;
         users.remove(&number);
         let result = unsubscribe(users.is_empty()).await;
+        self.count(&result);
         if users.is_empty() {
             // References are only made under the table's lock: with just the table's and this
             // one left, nobody waits for the entry or is about to.
             let mut table = Self::table();
-            if Arc::strong_count(&self) == 2 {
-                table.retain(|_, entry| !Arc::ptr_eq(entry, &self));
+            if Arc::strong_count(&self) == 2
+                && table
+                    .get(&self.key)
+                    .is_some_and(|entry| Arc::ptr_eq(entry, &self))
+            {
+                table.remove(&self.key);
             }
         }
         result
+    }
+
+    fn count(&self, result: &Result<(), fred::error::Error>) {
+        if result.is_err() {
+            self.failures.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -321,3 +321,59 @@ async fn a_watch_behind_a_hanging_unsubscribe_waits_one_command_timeout() {
     );
     let _ = subscriber.quit().await;
 }
+
+/// Backends sharing a subscriber made elsewhere, each watching the same lock while the server
+/// does not answer: each waits about one command timeout, as alone. Their subscribes of the
+/// lock's channel take turns (so that no backend unsubscribes it from under another), and a
+/// turn held across the subscribe of a backend's own channel made the k-th wait k timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_sharing_a_subscriber_do_not_wait_in_turn_for_a_silent_server() {
+    const BACKENDS: usize = 4;
+    let (_scripts, silent, first, subscriber) = silent_subscriber().await;
+    let mut backends = vec![first];
+    for _ in 1..BACKENDS {
+        let pool = backends[0].pool().clone();
+        let backend =
+            fairlock_redis::RedisBackend::from_clients(pool, subscriber.clone(), "queued:")
+                .unwrap();
+        backend.pubsub_mode().await.unwrap();
+        backends.push(backend);
+    }
+    silent.0.pause_process().unwrap();
+    let lock = name();
+    let started = tokio::time::Instant::now();
+    let watches: Vec<_> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, backend)| {
+            let (backend, lock) = (backend.clone(), lock.clone());
+            tokio::spawn(async move {
+                let watch = backend.watch(&lock, &owner(&format!("waiter {i}"))).await;
+                (watch, started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    let mut kept = Vec::new();
+    for watch in watches {
+        let (watched, took) = watch.await.unwrap();
+        kept.push(watched.expect("a watch is not failed for a subscribe that failed"));
+        slowest = slowest.max(took);
+    }
+    silent.0.resume_process().unwrap();
+    // One command timeout, and room; taking turns across it took BACKENDS of them.
+    assert!(
+        slowest < COMMAND_TIMEOUT * 2,
+        "the slowest of {BACKENDS} watches took {slowest:?} (command timeout {COMMAND_TIMEOUT:?})"
+    );
+    // Once the server answers, the retries in the background subscribe the lock's channel.
+    let channel = format!("queued:{{{lock}}}:c\n");
+    shard_channels_settle(
+        &silent,
+        "the lock's channel was never subscribed",
+        |listed| format!("{listed}\n").contains(&channel),
+    )
+    .await;
+    drop(kept);
+    let _ = subscriber.quit().await;
+}
