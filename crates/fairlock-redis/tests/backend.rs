@@ -1434,15 +1434,7 @@ async fn a_connect_dropped_outside_a_runtime_leaves_no_connection_behind() {
     );
     std::thread::spawn(move || drop(connect)).join().unwrap();
     server.0.resume_process().unwrap();
-    let started = std::time::Instant::now();
-    while clients_of(&server) > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "5 s after the drop: {}",
-            server.cli(&["CLIENT", "LIST"])
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_no_clients(&server).await;
     // Stays at zero: nothing reconnects later.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(clients_of(&server), 0);
@@ -1459,8 +1451,13 @@ async fn a_backend_dropped_outside_a_runtime_closes_its_connections() {
     let _watch = backend.watch(&lock, &owner("a")).await.unwrap();
     assert!(clients_of(&server) > 0);
     std::thread::spawn(move || drop(backend)).join().unwrap();
+    until_no_clients(&server).await;
+}
+
+/// Waits until no client is connected to `server`; fails after 5 s.
+async fn until_no_clients(server: &Server) {
     let started = std::time::Instant::now();
-    while clients_of(&server) > 0 {
+    while clients_of(server) > 0 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "5 s after the drop: {}",
@@ -1993,17 +1990,9 @@ async fn credentials_work_and_never_show() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_on_clients_built_elsewhere() {
     use fairlock_redis::fred::clients::SubscriberClient;
-    use fairlock_redis::fred::interfaces::ClientLike;
-    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
-    use fairlock_redis::fred::types::Builder;
+    use fairlock_redis::fred::types::config::Config;
     let server = Server::start();
-    let config = Config::from_url(&server.url()).unwrap();
-    let mut builder = Builder::from_config(config);
-    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
-    let pool = builder.build_pool(2).unwrap();
-    let subscriber = builder.build_subscriber_client().unwrap();
-    pool.init().await.unwrap();
-    subscriber.init().await.unwrap();
+    let (pool, subscriber) = common::clients_of_our_own(&server).await;
     let backend = RedisBackend::from_clients(pool, subscriber, "mine:").unwrap();
     assert_eq!(backend.prefix(), "mine:");
     let (lock, a, b) = (name(), owner("a"), owner("b"));
@@ -2040,16 +2029,8 @@ async fn a_dropped_backend_on_clients_built_elsewhere_leaves_no_subscription_or_
 /// owners shared between processes) until a reconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_sharing_a_subscriber_keep_the_channels_the_other_watches() {
-    use fairlock_redis::fred::interfaces::ClientLike;
-    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
-    use fairlock_redis::fred::types::Builder;
     let server = Server::start();
-    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
-    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
-    let pool = builder.build_pool(2).unwrap();
-    let subscriber = builder.build_subscriber_client().unwrap();
-    pool.init().await.unwrap();
-    subscriber.init().await.unwrap();
+    let (pool, subscriber) = common::clients_of_our_own(&server).await;
     let first = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "two:").unwrap();
     let second = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "two:").unwrap();
     let lock = name();

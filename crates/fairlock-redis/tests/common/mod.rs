@@ -87,14 +87,7 @@ pub async fn granted(backend: &RedisBackend, request: &AcquireRequest) -> Grant 
 /// lists the server's channels of the backend's pub/sub mode (`SHARDCHANNELS` or `CHANNELS`).
 pub async fn dropped_backend_leaves_no_subscription_or_task(server: &Server, listing: &str) {
     use fairlock_redis::fred::interfaces::{ClientLike, PubsubInterface};
-    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
-    use fairlock_redis::fred::types::Builder;
-    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
-    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
-    let pool = builder.build_pool(2).unwrap();
-    let subscriber = builder.build_subscriber_client().unwrap();
-    pool.init().await.unwrap();
-    subscriber.init().await.unwrap();
+    let (pool, subscriber) = clients_of_our_own(server).await;
     // A channel of the user's own on the same subscriber, which must stay.
     subscriber.subscribe("theirs").await.unwrap();
     let alive = || {
@@ -134,4 +127,24 @@ pub async fn dropped_backend_leaves_no_subscription_or_task(server: &Server, lis
         "the user's own subscription went too"
     );
     assert!(subscriber.is_connected());
+}
+
+/// A pool of 2 and a subscriber connected to `server`, built as a user of
+/// `RedisBackend::from_clients` would (reconnecting every 100 ms).
+pub async fn clients_of_our_own(
+    server: &Server,
+) -> (
+    fairlock_redis::fred::clients::Pool,
+    fairlock_redis::fred::clients::SubscriberClient,
+) {
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    let pool = builder.build_pool(2).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    (pool, subscriber)
 }
