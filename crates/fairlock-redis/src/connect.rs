@@ -96,8 +96,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How many connections run scripts (default 4, at least 1). A connection runs one
-    /// command at a time, so this bounds how many lock operations are in flight at once.
+    /// How many connections run scripts (default 4, at least 1). Calls are pipelined: each
+    /// connection carries many at once, and the server runs them one at a time anyway.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size.max(1);
         self
@@ -110,8 +110,10 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How long one operation may wait for its reply, reconnections included, before it
-    /// fails with [`Error::Unavailable`] (default 10 s).
+    /// How long each command may wait for its reply, reconnections included, before it
+    /// fails with [`Error::Unavailable`] (default 10 s). An operation usually sends one
+    /// command, but may send a few in a row (loading the function library where it is
+    /// missing, `WAIT` with [`replicas_acked`](Self::replicas_acked)), each with this bound.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -162,7 +164,8 @@ impl RedisBackendBuilder {
     }
 
     /// How long a connection may be idle before TCP keepalive probes it (default 60 s; `None`
-    /// turns keepalive off). Probes follow every 10 s; when as many as the system allows
+    /// turns keepalive off). Probes follow every 10 s (where the system lets a socket set it:
+    /// Linux, macOS, Windows and most BSDs; elsewhere its default); when as many as the system allows
     /// (`tcp_keepalive_probes`, 9 on Linux) go unanswered, the connection ends and is made
     /// again.
     ///

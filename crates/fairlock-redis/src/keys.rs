@@ -2,9 +2,10 @@
 
 use sha2::{Digest, Sha256};
 
-/// The keys of one lock, in the order every script takes them (`KEYS[1..6]`), and its wake-up
-/// channel (an `ARGV`, not a key: during a slot migration Redis counts every key it does not
-/// hold as missing and refuses the script with `TRYAGAIN`).
+/// The keys of one lock, in the order every script takes them (as its first six arguments,
+/// none declared as a key: see `begin` in `lua/prelude.lua`), and its wake-up channel (an
+/// argument too: during a slot migration Redis counts every key it does not hold as missing
+/// and refuses the script with `TRYAGAIN`).
 ///
 /// All of them are `{prefix}{<tag>}:<suffix>`, so they share one Cluster hash slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,9 +18,10 @@ pub(crate) struct LockKeys {
     pub(crate) deadlines: String,
     /// Hash: ticket -> waiter record, attempt -> ticket.
     pub(crate) waiters: String,
-    /// Hash that is never deleted: last fencing token, last ticket, name.
+    /// Hash: last fencing token, last ticket, name, the last new grant's record; outlives the
+    /// other keys by the fence margin, then expires.
     pub(crate) fence: String,
-    /// Shard channel of wake-ups.
+    /// Channel of wake-ups (a shard channel where the server has sharded pub/sub).
     pub(crate) channel: String,
     /// Sorted set: spent attempts (granted a level, released or abandoned) and force-released
     /// tokens (`f:<token>`), by when they are forgotten.

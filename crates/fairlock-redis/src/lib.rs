@@ -3,8 +3,10 @@
 //!
 //! [`RedisBackend`] implements [`fairlock::LockBackend`]; hand it to
 //! [`fairlock::LockClient::new`]. Each operation is one script (see `lua/` in the
-//! repository), run by SHA, with every deadline taken from the server's clock. Waiters are
-//! woken through one pub/sub connection per backend.
+//! repository), run as a function of fairlock's Function library (`FCALL`) on Redis 7 and by
+//! SHA (`EVALSHA`) elsewhere, with every deadline taken from the server's clock. Waiters are
+//! woken through one pub/sub connection per backend (or one that backends made with
+//! [`RedisBackend::from_clients`] share).
 //!
 //! Redis 6.2 or later is needed, or Valkey. Wake-ups use sharded pub/sub
 //! (`SPUBLISH`/`SSUBSCRIBE`) where the server has it (Redis 7.0+, Valkey) and classic pub/sub
@@ -59,7 +61,8 @@ use crate::wake::Dispatcher;
 /// A [`fairlock::LockBackend`] on Redis (standalone or Cluster).
 ///
 /// It holds a pool of connections that run the lock scripts and one subscriber connection
-/// for wake-ups, whatever the number of locks and waiters. Cloning gives another handle to
+/// for wake-ups (its own, or one shared with other backends made with
+/// [`from_clients`](Self::from_clients)), whatever the number of locks and waiters. Cloning gives another handle to
 /// the same connections. Its `Debug` output never shows credentials.
 #[derive(Clone)]
 pub struct RedisBackend {
