@@ -110,10 +110,11 @@ impl PostgresBackend {
         PostgresBackendBuilder::new(url.into())
     }
 
-    /// A backend on a pool you built yourself (your own TLS, credentials, hooks). `listen`
-    /// configures the one extra connection that listens for wake-ups (a pooled connection
-    /// cannot: the pool does not hand out its notifications); it must reach the same
-    /// database. The schema is created if missing.
+    /// A backend on a pool you built yourself (your own credentials, hooks, TLS for the
+    /// pool). `listen` configures the one extra connection that listens for wake-ups (a
+    /// pooled connection cannot: the pool does not hand out its notifications); it must reach
+    /// the same database, and is made without TLS (see `docs/postgres.md`), with the
+    /// keepalives `listen` sets. The schema is created if missing.
     ///
     /// ```no_run
     /// # async fn example() -> fairlock::Result<()> {

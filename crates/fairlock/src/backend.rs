@@ -219,8 +219,10 @@ use crate::wake_queue;
 /// keep a dead grantee's level alive. A pending level that is not confirmed within its
 /// `waiter_ttl` MUST end by itself (the hold ends with it if it was the only level), so a dead
 /// waiter never holds the lock longer than its liveness TTL; a later `acquire` of its attempt
-/// then finds it spent (`Busy`), and the core goes on as a new attempt. [`AcquireOutcome::Queued`] MUST report the highest token
-/// issued for the lock so far, so the core can tell a fresh hand-over from a stale one.
+/// then finds it spent (`Busy`), and the core goes on as a new attempt. [`AcquireOutcome::Queued`] MUST report a token at least
+/// as high as every token issued for the lock so far and below every token it will issue
+/// later (the lock's highest does; so does a counter shared by all locks), so the core can
+/// tell a fresh hand-over from a stale one.
 ///
 /// **Ending attempts.** [`release`](Self::release) removes the named level (pending or
 /// confirmed); [`abandon`](Self::abandon) removes whatever the attempt has: its queue entry,
@@ -458,7 +460,8 @@ pub enum AcquireOutcome {
         /// When it is worth checking again (e.g. the holder's remaining lease, given to the
         /// head waiter). `None`: wait for a wake-up or the next heartbeat.
         retry_after: Option<Duration>,
-        /// The highest fencing token issued for this lock so far (0 if none). A
+        /// The highest fencing token issued for this lock so far (0 if none), or any token
+        /// between it and the next one the lock will be issued (see the contract). A
         /// [`Wake::Granted`] whose token is not above it was made before this call and is
         /// stale (that hand-over has since expired or been revoked), so the core ignores it.
         last_token: u64,

@@ -1,7 +1,8 @@
 //! Tasks that start at a given instant instead of at once.
 //!
 //! A hold's lease keeper first acts a third of the watchdog lease after the grant (its first
-//! renewal), and a hand-over's confirmation a tenth of the waiter TTL after it. Most holds
+//! renewal), and a hand-over's confirmation a tenth of the waiter TTL after it (at most
+//! 100 ms). Most holds
 //! are over before either, yet spawning those tasks at the grant cost every `lock()` a task
 //! and, on a multi-thread runtime, usually a wake-up of another worker thread: about 20-35 µs
 //! of a 170 µs uncontended `lock()` on a 2-vCPU machine (`docs/performance.md`). Here they
@@ -37,7 +38,8 @@ type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// and sleeping costs every such task a spawn, and on a multi-thread runtime usually a
 /// wake-up of another worker thread, on the caller's path. The timer task only wakes for a
 /// task due before it planned to look (it looks at least once a second), and exits when its
-/// queue is empty. The core uses it for a hold's lease keeper; a backend can use it for work
+/// queue is empty. The core uses it for a hold's lease keeper and a hand-over's
+/// confirmation; a backend can use it for work
 /// that is usually called off, such as unsubscribing a channel some time after its last
 /// watch. Each runtime has its own timer, so no runtime's tasks depend on another being
 /// driven; tasks queued on a runtime that shuts down never run.

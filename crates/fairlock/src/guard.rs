@@ -215,7 +215,8 @@ impl LockGuard {
 
     /// A view of this guard's lease that can be moved into other tasks: its fencing token,
     /// time left and lost-lease signal. It does not keep the lock: once this guard is gone
-    /// (and no other guard of the hold lives), it reports the lease lost.
+    /// (released or dropped), it reports the lease lost, even while other guards of the same
+    /// hold (re-entries) still hold it.
     ///
     /// ```
     /// # use fairlock::{LockClient, MemoryBackend};
@@ -776,8 +777,8 @@ fn lost_signal(
 /// into spawned tasks. It is what [`FairLock::run`](crate::FairLock::run) hands its closure,
 /// and [`LockGuard::lease`] makes one.
 ///
-/// It does not keep the lock or the lease alive: once every guard of the hold is gone, it
-/// reports the lease lost.
+/// It does not keep the lock or the lease alive: once its guard is gone (released or dropped),
+/// it reports the lease lost, even while other guards of the same hold still hold it.
 ///
 /// ```
 /// # use fairlock::{LockClient, MemoryBackend};

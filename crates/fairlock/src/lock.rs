@@ -365,13 +365,15 @@ impl FairLock {
     ///
     /// With a `wait` above zero it returns within `wait` plus about 50 ms, whatever the store
     /// does: a call in flight at the deadline is given up, and leaving the queue goes on in the
-    /// background if the store is slow to answer. A zero `wait` makes one call, as `try_lock`
-    /// does, which the backend's own command timeout bounds (10 s by default for Redis).
+    /// background if the store is slow to answer. A zero `wait` makes the calls `try_lock`
+    /// makes (usually one), each bounded by the backend's own command timeout (10 s by
+    /// default for Redis).
     ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when `wait` ran out while the lock was busy;
     /// [`Error::Unavailable`](crate::Error::Unavailable) when it ran out while the store was
-    /// failing or had not answered for 250 ms and a quarter of `wait` (paused, unreachable);
+    /// failing or had not answered for the longer of 250 ms and a quarter of `wait` (paused,
+    /// unreachable);
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `wait` is above
     /// [`MAX_DURATION`](crate::MAX_DURATION); backend errors.
     ///

@@ -45,7 +45,8 @@ pub struct LockOptions {
     /// renews [`watchdog_lease`](Self::watchdog_lease) for as long as the guard lives.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub lease: Option<Duration>,
-    /// The lease the watchdog keeps renewing, every third of it. Default 30 s.
+    /// The lease the watchdog keeps renewing, every third of it. Default 30 s; at least
+    /// 30 ms.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub watchdog_lease: Duration,
     /// How long a waiter keeps its place in the queue without a heartbeat; waiters heartbeat
@@ -106,7 +107,7 @@ impl LockOptions {
     /// Checks every duration.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the first bad field.
+    /// [`Error::InvalidArgument`] naming a bad field (the first one checked).
     pub fn validate(&self) -> Result<()> {
         if let Some(lease) = self.lease {
             check_lease("lease", lease)?;
