@@ -79,7 +79,7 @@ pub(crate) struct StoreArgs {
         env = "FAIRLOCK_CONNECT_TIMEOUT",
         default_value = "5s",
         value_name = "DUR",
-        value_parser = parse_duration,
+        value_parser = parse_bounded,
         global = true
     )]
     pub(crate) connect_timeout: Duration,
@@ -106,7 +106,7 @@ pub(crate) enum Command {
 #[derive(Debug, Args)]
 pub(crate) struct ExecArgs {
     /// How long to wait in the queue: `0` tries once without queueing; absent: wait forever.
-    #[arg(long, value_name = "DUR", value_parser = parse_wait)]
+    #[arg(long, value_name = "DUR", value_parser = parse_bounded)]
     pub(crate) wait: Option<Duration>,
     /// A fixed lease, not renewed: the lock ends this long after it was acquired, and the
     /// command is stopped if it still runs (exit 76). Absent: a watchdog renews the lease for
@@ -118,7 +118,7 @@ pub(crate) struct ExecArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_watchdog_lease, default_value = "30s")]
     pub(crate) watchdog_lease: Duration,
     /// After the lease is lost, how long the command gets between SIGTERM and SIGKILL.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, value_name = "DUR", value_parser = parse_bounded, default_value = "10s")]
     pub(crate) kill_after: Duration,
     /// The lock's name.
     #[arg(value_parser = parse_name)]
@@ -184,12 +184,13 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
         .map_err(|err| format!("{err} (expected a duration such as 30s, 500ms or 2m)"))
 }
 
-fn parse_wait(value: &str) -> Result<Duration, String> {
-    let wait = parse_duration(value)?;
-    if wait > MAX_DURATION {
+/// A duration up to [`MAX_DURATION`]: beyond, deadlines would not fit a clock.
+fn parse_bounded(value: &str) -> Result<Duration, String> {
+    let duration = parse_duration(value)?;
+    if duration > MAX_DURATION {
         return Err(format!("{value} is above the limit of 365 days"));
     }
-    Ok(wait)
+    Ok(duration)
 }
 
 fn parse_lease(value: &str) -> Result<Duration, String> {
@@ -220,10 +221,10 @@ mod tests {
     fn durations_parse_in_human_units() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_wait("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_bounded("0"), Ok(Duration::ZERO));
         assert!(parse_duration("banana").is_err());
         assert!(parse_lease("0s").is_err());
-        assert!(parse_wait("400days").is_err());
+        assert!(parse_bounded("400days").is_err());
         assert!(parse_watchdog_lease("10ms").is_err());
     }
 

@@ -10,13 +10,18 @@ use fairlock_redis::RedisBackend;
 use crate::args::StoreArgs;
 use crate::exit::{Failure, UNAVAILABLE};
 
-/// Whether `url` names a PostgreSQL server rather than Redis.
+/// Whether `url` names a PostgreSQL server rather than Redis: a `postgres://` or
+/// `postgresql://` URL, or a connection string of `key=value` pairs (`host=/run/postgresql
+/// dbname=app`), which no Redis URL is.
 pub(crate) fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
+    url.starts_with("postgres://")
+        || url.starts_with("postgresql://")
+        || (!url.contains("://") && url.contains('='))
 }
 
 /// Connects to the store, giving up after `--connect-timeout`: PostgreSQL for
-/// `postgres://` and `postgresql://` URLs (`--prefix` is then the schema), Redis otherwise.
+/// `postgres://` and `postgresql://` URLs and `key=value` connection strings (`--prefix` is
+/// then the schema), Redis otherwise.
 pub(crate) async fn connect(store: &StoreArgs) -> Result<LockClient, Failure> {
     if is_postgres(&store.url) {
         let mut builder =
@@ -54,21 +59,43 @@ async fn bounded<B: fairlock::LockBackend>(
     }
 }
 
-/// `url` with its password, if any, replaced by `***`, fit for messages.
+/// `url` with its password, if any, replaced by `***`, fit for messages: the one in its user
+/// info, and the value of any `password=` parameter (of a query, or of a `key=value`
+/// connection string).
 pub(crate) fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|at| at + 3) else {
-        return url.to_owned();
+        return hide_password_values(url);
     };
     let rest = &url[scheme_end..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
+        return hide_password_values(url);
     };
     let user_info = &rest[..at];
     let user = user_info
         .split_once(':')
         .map_or(user_info, |(user, _password)| user);
-    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+    hide_password_values(&format!("{}{user}:***{}", &url[..scheme_end], &rest[at..]))
+}
+
+/// `text` with the value of every `password=` parameter (of a URL's query, or of a `key=value`
+/// connection string) replaced by `***`.
+fn hide_password_values(text: &str) -> String {
+    const KEY: &str = "password=";
+    let mut shown = String::with_capacity(text.len());
+    let mut rest = text;
+    // ASCII lowercase keeps every byte where it was.
+    while let Some(at) = rest.to_ascii_lowercase().find(KEY) {
+        let value = at + KEY.len();
+        let end = rest[value..]
+            .find([' ', '&', '#'])
+            .map_or(rest.len(), |end| value + end);
+        shown.push_str(&rest[..value]);
+        shown.push_str("***");
+        rest = &rest[end..];
+    }
+    shown.push_str(rest);
+    shown
 }
 
 #[cfg(test)]
@@ -88,6 +115,14 @@ mod tests {
         );
         assert_eq!(redact("redis://host/0?x=a@b"), "redis://host/0?x=a@b");
         assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(
+            redact("host=db user=app password=s3cret dbname=app"),
+            "host=db user=app password=*** dbname=app"
+        );
+        assert_eq!(
+            redact("redis-sentinel://h:1?sentinelServiceName=m&Password=s3cret&node=h:2"),
+            "redis-sentinel://h:1?sentinelServiceName=m&Password=***&node=h:2"
+        );
         assert_eq!(
             redact("postgres://app:s3cret@db:5432/app"),
             "postgres://app:***@db:5432/app"

@@ -5,7 +5,7 @@
 //! and a lost lease (stop the command: SIGTERM, then SIGKILL after `--kill-after`; exit 76).
 
 use std::future::Future;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write as _};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -21,6 +21,11 @@ use crate::signals::{self, Signals};
 /// How long a signalled `fairlock` waits for its place in the queue to be given up before it
 /// exits anyway (the place then ends with its liveness TTL).
 const LEAVE_QUEUE_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often the holder asks the store whether it still holds. Renewals would tell it too, but
+/// a fixed lease has none, and a force unlock (or a store that lost its data) must stop the
+/// command within about this long, not when the lease ends.
+const HOLD_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs `fairlock exec` and returns the exit code.
 pub(crate) async fn exec(client: &LockClient, args: &ExecArgs) -> Result<u8, Failure> {
@@ -66,7 +71,10 @@ async fn wait_until_gone(client: &LockClient, lock: &FairLock) {
     let limit = Instant::now() + LEAVE_QUEUE_LIMIT;
     let mut absent_in_a_row = 0;
     while Instant::now() < limit {
-        let Ok(state) = client.state(lock.name().as_str()).await else {
+        // Each look within what is left: a store that does not answer must not keep a
+        // signalled `fairlock` for its command timeout.
+        let looked = tokio::time::timeout_at(limit, client.state(lock.name().as_str())).await;
+        let Ok(Ok(state)) = looked else {
             return;
         };
         let present = state
@@ -115,22 +123,37 @@ async fn run_holding(
     tokio::pin!(lease_lost);
     let mut lost = false;
     let mut kill_at: Option<Instant> = None;
+    // The store's answer to whether we still hold, while asked: a `false` marks the lease lost
+    // (`is_held`), which `lease_lost` then reports.
+    let mut next_check = Instant::now() + HOLD_CHECK;
+    let mut check: Option<Pin<Box<dyn Future<Output = fairlock::Result<bool>> + Send + '_>>> = None;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
             () = &mut lease_lost, if !lost => {
                 lost = true;
-                eprintln!(
-                    "fairlock: lease on lock {:?} was lost; stopping the command (SIGTERM, then SIGKILL after {})",
-                    args.name,
-                    humantime::format_duration(args.kill_after),
-                );
+                // The command first: a message that cannot be written must not keep it
+                // running without the lock.
                 if args.kill_after.is_zero() {
                     signals::send(&child, Signal::SIGKILL);
                 } else {
                     signals::send(&child, Signal::SIGTERM);
                     kill_at = Some(Instant::now() + args.kill_after);
                 }
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "fairlock: lease on lock {:?} was lost; stopping the command (SIGTERM, then SIGKILL after {})",
+                    args.name,
+                    humantime::format_duration(args.kill_after),
+                );
+            }
+            () = sleep_until(next_check), if check.is_none() && !lost => {
+                check = Some(Box::pin(guard.is_held()));
+            }
+            _held = async { check.as_mut().expect("armed").await }, if check.is_some() => {
+                // A failing store is the lease keeper's to judge.
+                check = None;
+                next_check = Instant::now() + HOLD_CHECK;
             }
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
                 kill_at = None;
@@ -139,6 +162,8 @@ async fn run_holding(
             signal = signals.recv() => signals::send(&child, signal),
         }
     };
+    // A check still in flight borrows the guard, which the release takes.
+    drop(check);
     let status = status
         .map_err(|err| Failure::new(INTERNAL, format!("waiting for the command failed: {err}")))?;
 

@@ -256,6 +256,35 @@ fn force_unlock_stops_the_holder_and_wakes_the_waiter() {
     );
 }
 
+/// The same with a fixed lease, which is never renewed: the holder asks the store every second
+/// whether it still holds. Before, it ran on until its lease ended (10 minutes here), beside
+/// the next holder.
+#[test]
+fn force_unlock_stops_a_holder_with_a_fixed_lease_within_seconds() {
+    let world = World::new();
+    let holder = world.hold_until_gate("fixed", &["--lease", "10m"]);
+    let output = world.run(&["force-unlock", "fixed"]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(holder.wait(Duration::from_secs(5)), LEASE_LOST);
+}
+
+/// A PostgreSQL connection string in key=value form goes to the PostgreSQL backend, and its
+/// password never reaches a message. Before, it went to the Redis backend, whose "not a
+/// redis:// URL" message printed it whole.
+#[test]
+fn a_key_value_connection_string_is_postgres_and_its_password_stays_secret() {
+    let port = fairlock_testsupport::free_port().unwrap();
+    let url = format!("host=127.0.0.1 port={port} user=app password=s3cret dbname=app");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fairlock"))
+        .args(["--url", &url, "--connect-timeout", "2s", "status", "job"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(UNAVAILABLE), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    assert!(stderr.contains("postgres"), "{stderr}");
+}
+
 #[test]
 fn sigterm_while_waiting_leaves_the_queue() {
     let world = World::new();
@@ -392,8 +421,11 @@ fn the_prefix_option_keeps_locks_apart() {
 #[test]
 fn bad_arguments_exit_2_with_a_usage_message() {
     let world = World::new();
-    let cases: [&[&str]; 6] = [
+    let cases: [&[&str]; 8] = [
         &["exec", "--wait", "banana", "job", "--", "true"],
+        // Durations a clock cannot add (they made a panic, exit 101, on first use).
+        &["--connect-timeout", "100000years", "status", "job"],
+        &["exec", "--kill-after", "100000years", "job", "--", "true"],
         &["exec", "", "--", "true"],
         &["exec", "job"],
         &["exec", "--lease", "0s", "job", "--", "true"],

@@ -454,16 +454,37 @@ pub(crate) fn endpoint_of(config: &Config) -> String {
     }
 }
 
-/// `url` with any `user:password@` removed.
+/// `url` with any `user:password@` removed, and the value of any `password=` parameter (in a
+/// query, or in whatever else was passed for a URL) hidden.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return hide_password_values(url);
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    hide_password_values(&match rest[..authority_end].rfind('@') {
         Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
         None => url.to_owned(),
+    })
+}
+
+/// `text` with the value of every `password=` parameter (of a URL's query, or of a `key=value`
+/// connection string) replaced by `***`.
+fn hide_password_values(text: &str) -> String {
+    const KEY: &str = "password=";
+    let mut shown = String::with_capacity(text.len());
+    let mut rest = text;
+    // ASCII lowercase keeps every byte where it was.
+    while let Some(at) = rest.to_ascii_lowercase().find(KEY) {
+        let value = at + KEY.len();
+        let end = rest[value..]
+            .find([' ', '&', '#'])
+            .map_or(rest.len(), |end| value + end);
+        shown.push_str(&rest[..value]);
+        shown.push_str("***");
+        rest = &rest[end..];
     }
+    shown.push_str(rest);
+    shown
 }
 
 /// Connects clients made elsewhere; see [`RedisBackend::from_clients`].
@@ -501,6 +522,15 @@ mod tests {
             "redis://***@127.0.0.1:6379/0"
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        // Not a URL at all (a PostgreSQL connection string), and a password in a query.
+        assert_eq!(
+            redact("host=db user=app password=s3cret dbname=app"),
+            "host=db user=app password=*** dbname=app"
+        );
+        assert_eq!(
+            redact("redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=s3cret&node=h:2"),
+            "redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=***&node=h:2"
+        );
         let builder = RedisBackendBuilder::new("rediss://:hunter2@example:6380");
         assert!(!format!("{builder:?}").contains("hunter2"));
     }

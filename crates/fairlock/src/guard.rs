@@ -246,9 +246,11 @@ impl LockGuard {
     }
 
     /// A future that completes when the lease is lost: renewal failed until the lease ran out,
-    /// the store no longer lists this owner as holder (expired, force-released), or a fixed
-    /// lease ended without [`extend`](Self::extend). It also completes once the guard is gone.
-    /// Race your critical section against it to stop in time:
+    /// the store no longer lists this owner as holder (expired, force-released: seen at the
+    /// next renewal, `extend` or [`is_held`](Self::is_held); a fixed lease has no renewals, so
+    /// call `is_held` now and then to learn of it before the lease ends), or a fixed lease ended
+    /// without [`extend`](Self::extend). It also completes once the guard is gone. Race your
+    /// critical section against it to stop in time:
     ///
     /// ```
     /// # use fairlock::{LockClient, MemoryBackend};
