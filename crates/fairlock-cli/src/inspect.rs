@@ -154,8 +154,27 @@ fn human(duration: Duration) -> String {
     humantime::format_duration(Duration::from_millis(millis(duration))).to_string()
 }
 
+/// `text` fit for a terminal: control characters escaped (a lock name may hold any but NUL,
+/// and must neither break a row nor write to the operator's terminal).
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_debug().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        text.into()
+    }
+}
+
 fn status_text(state: &LockState) -> String {
-    let mut out = format!("lock:     {}\n", state.name);
+    let mut out = format!("lock:     {}\n", shown(&state.name));
     match &state.holder {
         None => out.push_str("holder:   none (free)\n"),
         Some(holder) => {
@@ -167,7 +186,7 @@ fn status_text(state: &LockState) -> String {
             let _ = writeln!(
                 out,
                 "holder:   {} (hold count {}, fencing token {}, lease {} left{pending})",
-                holder.owner,
+                shown(&holder.owner),
                 holder.hold_count,
                 holder.token,
                 human(holder.lease_remaining),
@@ -180,7 +199,7 @@ fn status_text(state: &LockState) -> String {
             out,
             "  {}. {} (liveness deadline in {})",
             index + 1,
-            waiter.owner,
+            shown(&waiter.owner),
             human(waiter.deadline_in),
         );
     }
@@ -188,15 +207,17 @@ fn status_text(state: &LockState) -> String {
 }
 
 fn list_text(locks: &[LockSummary]) -> String {
+    // Widths in characters, as `{:width$}` pads.
+    let width = |text: &str| shown(text).chars().count();
     let name_width = locks
         .iter()
-        .map(|lock| lock.name.len())
+        .map(|lock| width(&lock.name))
         .max()
         .unwrap_or(0)
         .max(4);
     let holder_width = locks
         .iter()
-        .map(|lock| lock.holder.as_deref().map_or(1, str::len))
+        .map(|lock| lock.holder.as_deref().map_or(1, width))
         .max()
         .unwrap_or(0)
         .max(6);
@@ -205,11 +226,12 @@ fn list_text(locks: &[LockSummary]) -> String {
         "NAME", "HOLDER"
     );
     for lock in locks {
-        let holder = lock.holder.as_deref().unwrap_or("-");
+        let holder = shown(lock.holder.as_deref().unwrap_or("-"));
         let _ = writeln!(
             out,
             "{:name_width$}  {holder:holder_width$}  {}",
-            lock.name, lock.waiters
+            shown(&lock.name),
+            lock.waiters
         );
     }
     out
@@ -294,5 +316,31 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert!(lines[1].starts_with("a          owner-1  2"), "{text}");
         assert!(lines[2].starts_with("long-name  -        1"), "{text}");
+    }
+
+    /// A lock name may hold any character but NUL: control characters are shown escaped, so a
+    /// name cannot break the table's rows or write to the operator's terminal, and columns
+    /// are as wide as the names' characters, not their bytes.
+    #[test]
+    fn text_output_escapes_control_characters_and_counts_characters() {
+        let locks = [
+            LockSummary::new("evil\n\u{1b}[2J", Some("o".into()), 1),
+            LockSummary::new("größe", None, 0),
+        ];
+        let text = list_text(&locks);
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(
+            lines[1].starts_with("evil\\n\\u{1b}[2J  o       1"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("größe            -       0"), "{text}");
+        let state = LockState::new("x\ry", None, vec![]);
+        assert!(
+            status_text(&state).starts_with("lock:     x\\ry\n"),
+            "{:?}",
+            status_text(&state)
+        );
     }
 }
