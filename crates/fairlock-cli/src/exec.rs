@@ -16,7 +16,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::args::ExecArgs;
 use crate::exit::{self, Failure, CANNOT_EXECUTE, INTERNAL, LEASE_LOST, NOT_FOUND};
-use crate::signals::{self, Signals, Stop};
+use crate::signals::{self, Signals};
 
 /// How long a signalled `fairlock` waits for its place in the queue to be given up before it
 /// exits anyway (the place then ends with its liveness TTL).
@@ -98,20 +98,12 @@ async fn run_holding(
     signals: &mut Signals,
 ) -> Result<u8, Failure> {
     let program = &args.command[0];
-    let mut command = Command::new(program);
-    command
+    let mut child = match Command::new(program)
         .args(&args.command[1..])
         .env("FAIRLOCK_NAME", &args.name)
-        .env("FAIRLOCK_TOKEN", guard.fencing_token().to_string());
-    // A group of its own where no terminal needs it in ours: a lost lease then stops what
-    // the command started too (a script's children), which must not run on without the lock.
-    let stop = if signals::in_terminal_foreground() {
-        Stop::Process
-    } else {
-        command.process_group(0);
-        Stop::Group
-    };
-    let mut child = match command.spawn() {
+        .env("FAIRLOCK_TOKEN", guard.fencing_token().to_string())
+        .spawn()
+    {
         Ok(child) => child,
         Err(err) => {
             let code = if err.kind() == ErrorKind::NotFound {
@@ -127,9 +119,6 @@ async fn run_holding(
         }
     };
 
-    // The group's id once the command is reaped (its pid stays the group's while any member
-    // is left).
-    let pid = child.id();
     let lease_lost = guard.lease_lost();
     tokio::pin!(lease_lost);
     let mut lost = false;
@@ -146,9 +135,9 @@ async fn run_holding(
                 // The command first: a message that cannot be written must not keep it
                 // running without the lock.
                 if args.kill_after.is_zero() {
-                    signals::send(&child, stop, Signal::SIGKILL);
+                    signals::send(&child, Signal::SIGKILL);
                 } else {
-                    signals::send(&child, stop, Signal::SIGTERM);
+                    signals::send(&child, Signal::SIGTERM);
                     kill_at = Some(Instant::now() + args.kill_after);
                 }
                 let _ = writeln!(
@@ -168,20 +157,13 @@ async fn run_holding(
             }
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
                 kill_at = None;
-                signals::send(&child, stop, Signal::SIGKILL);
+                signals::send(&child, Signal::SIGKILL);
             }
-            signal = signals.recv() => signals::send(&child, stop, signal),
+            signal = signals.recv() => signals::send(&child, signal),
         }
     };
     // A check still in flight borrows the guard, which the release takes.
     drop(check);
-    if lost {
-        // The command has ended, but what it started may not have (one that ignored SIGTERM):
-        // none of it may run on without the lock.
-        if let (Stop::Group, Some(pid)) = (stop, pid) {
-            signals::send_to(pid, stop, Signal::SIGKILL);
-        }
-    }
     let status = status
         .map_err(|err| Failure::new(INTERNAL, format!("waiting for the command failed: {err}")))?;
 

@@ -8,8 +8,8 @@ use std::future::poll_fn;
 use std::io;
 use std::task::Poll;
 
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::{getpgrp, tcgetpgrp, Pid};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -54,36 +54,10 @@ impl Signals {
     }
 }
 
-/// Whether `fairlock` runs in the foreground of a terminal (its stdin): then the command must
-/// stay in `fairlock`'s process group, to read the terminal and hear its Ctrl-C. Elsewhere
-/// (cron, systemd, a script) it gets a group of its own (see [`Stop`]).
-pub(crate) fn in_terminal_foreground() -> bool {
-    tcgetpgrp(io::stdin()).is_ok_and(|foreground| foreground == getpgrp())
-}
-
-/// How the command is signalled: its process, or its process group (the command leads a
-/// group of its own, so what it started, such as a script's children, is signalled with it).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Stop {
-    Process,
-    Group,
-}
-
-/// Sends `signal` to `child` (or its group) if it is still running (not yet reaped, so its
-/// pid is still its own). Errors are ignored: the only likely one is that it just exited.
-pub(crate) fn send(child: &Child, stop: Stop, signal: Signal) {
-    if let Some(pid) = child.id() {
-        send_to(pid, stop, signal);
+/// Sends `signal` to `child` if it is still running (not yet reaped, so its pid is still its
+/// own). Errors are ignored: the only likely one is that it just exited.
+pub(crate) fn send(child: &Child, signal: Signal) {
+    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+        let _ = kill(Pid::from_raw(pid), signal);
     }
-}
-
-/// Sends `signal` to process `pid`, or to the process group it leads.
-pub(crate) fn send_to(pid: u32, stop: Stop, signal: Signal) {
-    let Ok(pid) = i32::try_from(pid) else {
-        return;
-    };
-    let _ = match stop {
-        Stop::Process => kill(Pid::from_raw(pid), signal),
-        Stop::Group => killpg(Pid::from_raw(pid), signal),
-    };
 }

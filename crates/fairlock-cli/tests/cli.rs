@@ -191,58 +191,6 @@ fn a_fixed_lease_that_runs_out_stops_the_command_with_76() {
     assert!(!alive(pid), "the command survived its lost lease");
 }
 
-/// Not in a terminal (cron, systemd, a script), the command runs in a process group of its
-/// own, and a lost lease stops the whole group: what a shell script started goes with it.
-/// Before, only the script's shell got SIGTERM, and the `sleep` it ran went on without the
-/// lock.
-#[test]
-fn a_lost_lease_stops_what_the_command_started_too() {
-    let world = World::new();
-    // Not through `World::spawn`, whose clean-up kills the test's whole group.
-    let mut exec = world
-        .fairlock(&[
-            "exec",
-            "--lease",
-            "1s",
-            "--kill-after",
-            "500ms",
-            "script",
-            "--",
-            "sh",
-            "-c",
-            "sleep 30 & echo $! > pid; wait",
-        ])
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(LIMIT, || !world.read("pid").is_empty());
-    let pid: u32 = world.read("pid").trim().parse().unwrap();
-    let exited = Instant::now();
-    let status = loop {
-        if let Some(status) = exec.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            exited.elapsed() < Duration::from_secs(6),
-            "fairlock still runs"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let survived = {
-        std::thread::sleep(Duration::from_millis(500));
-        alive(pid)
-    };
-    // Whatever the outcome, nothing of the test is left running.
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
-    assert_eq!(status.code(), Some(LEASE_LOST));
-    assert!(
-        !survived,
-        "what the command started outlived its lost lease"
-    );
-}
-
 #[test]
 fn a_command_that_ignores_sigterm_is_killed_after_kill_after() {
     let world = World::new();

@@ -4,7 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -217,12 +217,6 @@ pub fn text(bytes: &[u8]) -> String {
 }
 
 /// Whether process `pid` still exists (a reaped child does not).
-/// Whether process `pid` exists and is not a zombie (one killed and not reaped yet, as an
-/// orphan may stay where the container's first process does not reap).
 pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // The state follows the command name, which is in parentheses and may hold spaces.
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-    })
+    Path::new(&format!("/proc/{pid}")).exists()
 }
