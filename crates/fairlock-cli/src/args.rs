@@ -60,10 +60,13 @@ pub(crate) struct Cli {
 #[derive(Debug, Args)]
 pub(crate) struct StoreArgs {
     /// Store URL: redis://host:port or redis://user:pass@host:port/db; rediss:// for TLS,
-    /// redis-cluster:// for a cluster; postgres://user:pass@host:port/db for PostgreSQL.
+    /// redis-cluster:// for a cluster; postgres://user:pass@host:port/db or a key=value
+    /// connection string for PostgreSQL.
     #[arg(
         long,
         env = "FAIRLOCK_URL",
+        // `--help` would show the variable's value, password included.
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
         value_name = "URL",
         global = true

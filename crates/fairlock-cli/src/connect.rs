@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fairlock::LockClient;
 use fairlock_postgres::PostgresBackend;
-use fairlock_redis::RedisBackend;
+use fairlock_redis::{hide_password_values, RedisBackend};
 
 use crate::args::StoreArgs;
 use crate::exit::{Failure, UNAVAILABLE};
@@ -14,9 +14,11 @@ use crate::exit::{Failure, UNAVAILABLE};
 /// `postgresql://` URL, or a connection string of `key=value` pairs (`host=/run/postgresql
 /// dbname=app`), which no Redis URL is.
 pub(crate) fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://")
-        || url.starts_with("postgresql://")
-        || (!url.contains("://") && url.contains('='))
+    // A key=value string has an `=` before any `://` (a value may hold a URL).
+    let key_value = url
+        .find('=')
+        .is_some_and(|equals| url.find("://").is_none_or(|scheme| equals < scheme));
+    url.starts_with("postgres://") || url.starts_with("postgresql://") || key_value
 }
 
 /// Connects to the store, giving up after `--connect-timeout`: PostgreSQL for
@@ -78,29 +80,21 @@ pub(crate) fn redact(url: &str) -> String {
     hide_password_values(&format!("{}{user}:***{}", &url[..scheme_end], &rest[at..]))
 }
 
-/// `text` with the value of every `password=` parameter (of a URL's query, or of a `key=value`
-/// connection string) replaced by `***`.
-fn hide_password_values(text: &str) -> String {
-    const KEY: &str = "password=";
-    let mut shown = String::with_capacity(text.len());
-    let mut rest = text;
-    // ASCII lowercase keeps every byte where it was.
-    while let Some(at) = rest.to_ascii_lowercase().find(KEY) {
-        let value = at + KEY.len();
-        let end = rest[value..]
-            .find([' ', '&', '#'])
-            .map_or(rest.len(), |end| value + end);
-        shown.push_str(&rest[..value]);
-        shown.push_str("***");
-        rest = &rest[end..];
-    }
-    shown.push_str(rest);
-    shown
-}
-
 #[cfg(test)]
 mod tests {
     use super::redact;
+
+    #[test]
+    fn key_value_strings_are_postgres() {
+        use super::is_postgres;
+        assert!(is_postgres("host=/run/postgresql dbname=app"));
+        assert!(is_postgres("application_name=http://x host=db"));
+        assert!(is_postgres("postgres://db/app"));
+        assert!(!is_postgres("redis://127.0.0.1:6379"));
+        assert!(!is_postgres(
+            "redis-sentinel://h:1?sentinelServiceName=m&node=h:2"
+        ));
+    }
 
     #[test]
     fn passwords_never_reach_messages() {

@@ -22,9 +22,10 @@ use crate::signals::{self, Signals};
 /// exits anyway (the place then ends with its liveness TTL).
 const LEAVE_QUEUE_LIMIT: Duration = Duration::from_secs(2);
 
-/// How often the holder asks the store whether it still holds. Renewals would tell it too, but
-/// a fixed lease has none, and a force unlock (or a store that lost its data) must stop the
-/// command within about this long, not when the lease ends.
+/// How often a holder with a fixed lease asks the store whether it still holds. The watchdog's
+/// renewals tell a renewed holder, but a fixed lease has none, and a force unlock (or a store
+/// that lost its data) must stop the command within about this long, not when the lease
+/// ends. (The question is an `inspect`, which reads the lock's queue: once a second.)
 const HOLD_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs `fairlock exec` and returns the exit code.
@@ -140,14 +141,21 @@ async fn run_holding(
                     signals::send(&child, Signal::SIGTERM);
                     kill_at = Some(Instant::now() + args.kill_after);
                 }
+                let how = if args.kill_after.is_zero() {
+                    "SIGKILL".to_owned()
+                } else {
+                    format!(
+                        "SIGTERM, then SIGKILL after {}",
+                        humantime::format_duration(args.kill_after)
+                    )
+                };
                 let _ = writeln!(
                     std::io::stderr(),
-                    "fairlock: lease on lock {:?} was lost; stopping the command (SIGTERM, then SIGKILL after {})",
+                    "fairlock: lease on lock {:?} was lost; stopping the command ({how})",
                     args.name,
-                    humantime::format_duration(args.kill_after),
                 );
             }
-            () = sleep_until(next_check), if check.is_none() && !lost => {
+            () = sleep_until(next_check), if args.lease.is_some() && check.is_none() && !lost => {
                 check = Some(Box::pin(guard.is_held()));
             }
             _held = async { check.as_mut().expect("armed").await }, if check.is_some() => {

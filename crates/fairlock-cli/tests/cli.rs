@@ -285,6 +285,21 @@ fn a_key_value_connection_string_is_postgres_and_its_password_stays_secret() {
     assert!(stderr.contains("postgres"), "{stderr}");
 }
 
+/// `--help` shows where `--url` can come from, but not the value of `FAIRLOCK_URL`, which may
+/// hold a password (clap shows it unless told not to).
+#[test]
+fn help_does_not_show_the_url_from_the_environment() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fairlock"))
+        .env("FAIRLOCK_URL", "redis://:s3cret@127.0.0.1:1")
+        .args(["status", "--help"])
+        .output()
+        .unwrap();
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(stdout.contains("FAIRLOCK_URL"), "{stdout}");
+    assert!(!stdout.contains("s3cret"), "{stdout}");
+}
+
 #[test]
 fn sigterm_while_waiting_leaves_the_queue() {
     let world = World::new();

@@ -467,23 +467,56 @@ pub(crate) fn redact(url: &str) -> String {
     })
 }
 
-/// `text` with the value of every `password=` parameter (of a URL's query, or of a `key=value`
-/// connection string) replaced by `***`.
-fn hide_password_values(text: &str) -> String {
-    const KEY: &str = "password=";
-    let mut shown = String::with_capacity(text.len());
-    let mut rest = text;
+/// `text` with the value of every `password` parameter replaced by `***`: of a URL's query
+/// (`password=…`, `sentinelPassword=…`, up to the next `&` or `#`), or of a `key=value`
+/// connection string (spaces allowed around `=`; the value quoted, or up to the next space).
+/// For messages that show a connection string; not part of the stable API.
+#[doc(hidden)]
+pub fn hide_password_values(text: &str) -> String {
+    const KEY: &str = "password";
+    let in_url = text.contains("://");
     // ASCII lowercase keeps every byte where it was.
-    while let Some(at) = rest.to_ascii_lowercase().find(KEY) {
-        let value = at + KEY.len();
-        let end = rest[value..]
-            .find([' ', '&', '#'])
-            .map_or(rest.len(), |end| value + end);
-        shown.push_str(&rest[..value]);
+    let lower = text.to_ascii_lowercase();
+    let skip_spaces = |mut at: usize| {
+        if !in_url {
+            while text[at..].starts_with(' ') {
+                at += 1;
+            }
+        }
+        at
+    };
+    let mut shown = String::with_capacity(text.len());
+    let (mut copied, mut at) = (0, 0);
+    while let Some(found) = lower[at..].find(KEY) {
+        at += found + KEY.len();
+        let equals = skip_spaces(at);
+        if !text[equals..].starts_with('=') {
+            continue;
+        }
+        let start = skip_spaces(equals + 1);
+        let rest = &text[start..];
+        let len = if in_url {
+            rest.find(['&', '#']).unwrap_or(rest.len())
+        } else if let Some(quoted) = rest.strip_prefix('\'') {
+            // Up to the closing quote; a backslash escapes the next character.
+            let mut escaped = false;
+            quoted
+                .char_indices()
+                .find(|&(_, c)| {
+                    let closes = !escaped && c == '\'';
+                    escaped = !escaped && c == '\\';
+                    closes
+                })
+                .map_or(rest.len(), |(end, _)| end + 2)
+        } else {
+            rest.find(char::is_whitespace).unwrap_or(rest.len())
+        };
+        shown.push_str(&text[copied..start]);
         shown.push_str("***");
-        rest = &rest[end..];
+        copied = start + len;
+        at = copied;
     }
-    shown.push_str(rest);
+    shown.push_str(&text[copied..]);
     shown
 }
 
@@ -531,6 +564,15 @@ mod tests {
             redact("redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=s3cret&node=h:2"),
             "redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=***&node=h:2"
         );
+        // Spaces around `=`, quoted values, `&` and `#` inside a key=value string's value.
+        for (given, shown) in [
+            ("host=db password = s3cret", "host=db password = ***"),
+            ("password='a b\\' c' host=db", "password=*** host=db"),
+            ("PASSWORD=p&ss#x host=db", "PASSWORD=*** host=db"),
+            ("passwords are fine", "passwords are fine"),
+        ] {
+            assert_eq!(redact(given), shown, "{given}");
+        }
         let builder = RedisBackendBuilder::new("rediss://:hunter2@example:6380");
         assert!(!format!("{builder:?}").contains("hunter2"));
     }

@@ -45,7 +45,7 @@ mod wake;
 use std::fmt;
 use std::sync::Arc;
 
-pub use connect::{RedisBackendBuilder, DEFAULT_PREFIX};
+pub use connect::{hide_password_values, RedisBackendBuilder, DEFAULT_PREFIX};
 /// The Redis client this crate is built on, re-exported so versions always match.
 pub use fred;
 pub use pubsub::PubsubMode;
