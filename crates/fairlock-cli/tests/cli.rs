@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive, text, wait_until, World, LEASE_LOST, TEMPFAIL, UNAVAILABLE, USAGE};
+use common::{alive, status_of_unreachable, text, wait_until, World, LEASE_LOST, TEMPFAIL, USAGE};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -275,12 +275,7 @@ fn force_unlock_stops_a_holder_with_a_fixed_lease_within_seconds() {
 fn a_key_value_connection_string_is_postgres_and_its_password_stays_secret() {
     let port = fairlock_testsupport::free_port().unwrap();
     let url = format!("host=127.0.0.1 port={port} user=app password=s3cret dbname=app");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fairlock"))
-        .args(["--url", &url, "--connect-timeout", "2s", "status", "job"])
-        .output()
-        .unwrap();
-    let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(UNAVAILABLE), "{stderr}");
+    let stderr = status_of_unreachable(&url);
     assert!(!stderr.contains("s3cret"), "{stderr}");
     assert!(stderr.contains("postgres"), "{stderr}");
 }
@@ -473,12 +468,7 @@ fn an_unreachable_store_exits_69_naming_the_endpoint() {
     let port = fairlock_testsupport::free_port().unwrap();
     let url = format!("redis://127.0.0.1:{port}");
     let started = Instant::now();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fairlock"))
-        .args(["--url", &url, "--connect-timeout", "2s", "status", "job"])
-        .output()
-        .unwrap();
-    let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(UNAVAILABLE), "{stderr}");
+    let stderr = status_of_unreachable(&url);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.starts_with("fairlock: ") && stderr.contains(&format!("127.0.0.1:{port}")),

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{text, World, LEASE_LOST, TEMPFAIL, UNAVAILABLE};
+use common::{status_of_unreachable, text, World, LEASE_LOST, TEMPFAIL};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -132,12 +132,7 @@ fn an_unreachable_postgres_exits_69_naming_the_endpoint() {
     let port = fairlock_testsupport::free_port().unwrap();
     let url = format!("postgres://app:s3cret@127.0.0.1:{port}/app");
     let started = Instant::now();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fairlock"))
-        .args(["--url", &url, "--connect-timeout", "2s", "status", "job"])
-        .output()
-        .unwrap();
-    let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(UNAVAILABLE), "{stderr}");
+    let stderr = status_of_unreachable(&url);
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -220,3 +220,15 @@ pub fn text(bytes: &[u8]) -> String {
 pub fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
+
+/// Runs `fairlock --url URL --connect-timeout 2s status job` against a store that is not
+/// there; asserts it exits 69 (unavailable) and returns its stderr.
+pub fn status_of_unreachable(url: &str) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_fairlock"))
+        .args(["--url", url, "--connect-timeout", "2s", "status", "job"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(UNAVAILABLE), "{stderr}");
+    stderr
+}
