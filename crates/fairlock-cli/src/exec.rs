@@ -135,15 +135,12 @@ async fn run_holding(
                 lost = true;
                 // The command first: a message that cannot be written must not keep it
                 // running without the lock.
-                if args.kill_after.is_zero() {
+                let how = if args.kill_after.is_zero() {
                     signals::send(&child, Signal::SIGKILL);
+                    "SIGKILL".to_owned()
                 } else {
                     signals::send(&child, Signal::SIGTERM);
                     kill_at = Some(Instant::now() + args.kill_after);
-                }
-                let how = if args.kill_after.is_zero() {
-                    "SIGKILL".to_owned()
-                } else {
                     format!(
                         "SIGTERM, then SIGKILL after {}",
                         humantime::format_duration(args.kill_after)

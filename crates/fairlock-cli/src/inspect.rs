@@ -157,20 +157,18 @@ fn human(duration: Duration) -> String {
 /// `text` fit for a terminal: control characters escaped (a lock name may hold any but NUL,
 /// and must neither break a row nor write to the operator's terminal).
 fn shown(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().any(char::is_control) {
-        text.chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_debug().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect::<String>()
-            .into()
-    } else {
-        text.into()
+    if !text.chars().any(char::is_control) {
+        return text.into();
     }
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            escaped.extend(c.escape_debug());
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped.into()
 }
 
 fn status_text(state: &LockState) -> String {

@@ -165,9 +165,9 @@ impl RedisBackendBuilder {
 
     /// How long a connection may be idle before TCP keepalive probes it (default 60 s; `None`
     /// turns keepalive off). Probes follow every 10 s (where the system lets a socket set it:
-    /// Linux, macOS, Windows and most BSDs; elsewhere its default); when as many as the system allows
-    /// (`tcp_keepalive_probes`, 9 on Linux) go unanswered, the connection ends and is made
-    /// again.
+    /// Linux, macOS, Windows and most BSDs; elsewhere its default); when as many as the system
+    /// allows (`tcp_keepalive_probes`, 9 on Linux) go unanswered, the connection ends and is
+    /// made again.
     ///
     /// The subscriber connection that receives wake-ups sends nothing while it waits. If a
     /// NAT or firewall dropped it in silence, nothing would fail, and waiters would hear of
@@ -406,16 +406,23 @@ struct QuitOnDrop {
 
 impl Drop for QuitOnDrop {
     fn drop(&mut self) {
-        let Some((pool, subscriber)) = self.clients.take() else {
-            return;
-        };
-        if let Some(runtime) = &self.runtime {
-            runtime.spawn(async move {
-                let _ = subscriber.quit().await;
-                let _ = pool.quit().await;
-            });
+        if let (Some((pool, subscriber)), Some(runtime)) = (self.clients.take(), &self.runtime) {
+            quit_later(runtime, pool, subscriber);
         }
     }
+}
+
+/// Quits `pool` and `subscriber` in a task on `runtime`, the one that runs their connections
+/// (a drop may happen outside any runtime, or on another).
+pub(crate) fn quit_later(
+    runtime: &tokio::runtime::Handle,
+    pool: Pool,
+    subscriber: SubscriberClient,
+) {
+    runtime.spawn(async move {
+        let _ = subscriber.quit().await;
+        let _ = pool.quit().await;
+    });
 }
 
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {

@@ -62,8 +62,8 @@ use crate::wake::Dispatcher;
 ///
 /// It holds a pool of connections that run the lock scripts and one subscriber connection
 /// for wake-ups (its own, or one shared with other backends made with
-/// [`from_clients`](Self::from_clients)), whatever the number of locks and waiters. Cloning gives another handle to
-/// the same connections. Its `Debug` output never shows credentials.
+/// [`from_clients`](Self::from_clients)), whatever the number of locks and waiters. Cloning
+/// gives another handle to the same connections. Its `Debug` output never shows credentials.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -224,13 +224,11 @@ impl Drop for Inner {
         if !self.owns_clients {
             return;
         }
-        // On the runtime the backend was made on, which runs the clients' connections: the
-        // last clone may be dropped outside any runtime, or on another.
-        let pool = self.pool.clone();
-        let subscriber = self.dispatcher.subscriber().clone();
-        self.dispatcher.runtime().spawn(async move {
-            let _ = subscriber.quit().await;
-            let _ = pool.quit().await;
-        });
+        // On the runtime the backend was made on.
+        connect::quit_later(
+            self.dispatcher.runtime(),
+            self.pool.clone(),
+            self.dispatcher.subscriber().clone(),
+        );
     }
 }

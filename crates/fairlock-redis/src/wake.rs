@@ -68,12 +68,11 @@ pub(crate) struct Dispatcher {
     resync: tokio::sync::Mutex<()>,
     /// The slot map the subscriber routed its subscriptions with, last time they were made.
     known_slots: Mutex<Option<SlotMap>>,
-    /// Whether the subscriber is the backend's own, closed with it. One made elsewhere
-    /// outlives the backend, so dropping the dispatcher unsubscribes its channels from it,
-    /// and it may serve other backends too: then the lock channels go through [`SHARED`].
-    owns_subscriber: bool,
-    /// This dispatcher in [`SHARED`].
-    number: u64,
+    /// This dispatcher's number in [`SHARED`] when its subscriber was made elsewhere: such a
+    /// subscriber outlives the backend, so dropping the dispatcher unsubscribes its channels
+    /// from it, and it may serve other backends too, so the lock channels go through
+    /// [`SHARED`]. `None`: the subscriber is the backend's own, closed with it.
+    shared_as: Option<u64>,
     /// Dropped with the dispatcher: its tasks stop then. They would otherwise wait for the
     /// next message or reconnection of a subscriber that outlives the backend.
     stop: tokio::sync::watch::Sender<()>,
@@ -175,8 +174,7 @@ impl Dispatcher {
             trust_grants,
             resync: tokio::sync::Mutex::new(()),
             known_slots: Mutex::new(None),
-            owns_subscriber,
-            number: NEXT_NUMBER.fetch_add(1, Ordering::Relaxed),
+            shared_as: (!owns_subscriber).then(|| NEXT_NUMBER.fetch_add(1, Ordering::Relaxed)),
             stop: tokio::sync::watch::Sender::new(()),
         });
         let mut messages = dispatcher.subscriber.message_rx();
@@ -442,11 +440,11 @@ impl Dispatcher {
             }
         };
         subscribe(self.own_channel(channel)).await?;
-        match self.shared(channel) {
+        match self.shared_as {
             None => subscribe(channel.to_owned()).await?,
-            Some(shared) => {
-                shared
-                    .join(self.number, subscribe(channel.to_owned()))
+            Some(number) => {
+                SharedChannel::of(self.subscriber.id(), channel)
+                    .join(number, subscribe(channel.to_owned()))
                     .await?
             }
         }
@@ -467,22 +465,7 @@ impl Dispatcher {
             return Ok(());
         };
         let own = self.own_channel(channel);
-        match self.shared(channel) {
-            None => unsubscribe_both(&self.subscriber, mode, own, Some(channel)).await,
-            Some(shared) => {
-                shared
-                    .leave(self.number, |last| {
-                        unsubscribe_both(&self.subscriber, mode, own, last.then_some(channel))
-                    })
-                    .await
-            }
-        }
-    }
-
-    /// Who wants `channel`, a lock's channel, subscribed on this subscriber: `None` when the
-    /// subscriber is this backend's own.
-    fn shared(&self, channel: &str) -> Option<Arc<SharedChannel>> {
-        (!self.owns_subscriber).then(|| SharedChannel::of(self.subscriber.id(), channel))
+        leave_channel(&self.subscriber, mode, self.shared_as, channel, own).await
     }
 
     /// This dispatcher's channel of the lock whose channel is `channel`.
@@ -747,30 +730,22 @@ impl Drop for Dispatcher {
         for unsubscribe in lingering.into_iter().flatten() {
             unsubscribe.cancel();
         }
-        if self.owns_subscriber {
+        let Some(shared_as) = self.shared_as else {
             return;
-        }
+        };
         let Some(mode) = self.pubsub.known().filter(|_| !channels.is_empty()) else {
             return; // nothing was subscribed
         };
-        let (subscriber, suffix, number) = (
-            self.subscriber.clone(),
-            self.own_suffix.clone(),
-            self.number,
-        );
+        let (subscriber, suffix) = (self.subscriber.clone(), self.own_suffix.clone());
         // A runtime shutting down drops the task: its connections go with it. The channels at
         // once, so a server away costs about one command timeout, not one per channel.
         self.runtime.spawn(async move {
             let subscriber = &subscriber;
             let leaving = channels.into_iter().map(|channel| {
                 let own = format!("{channel}{suffix}");
-                let shared = SharedChannel::of(subscriber.id(), &channel);
                 async move {
-                    let left = shared
-                        .leave(number, |last| {
-                            unsubscribe_both(subscriber, mode, own, last.then_some(&channel))
-                        })
-                        .await;
+                    let left =
+                        leave_channel(subscriber, mode, Some(shared_as), &channel, own).await;
                     if let Err(error) = left {
                         tracing::debug!(%error, channel, "fairlock-redis: unsubscribe of a dropped backend failed");
                     }
@@ -778,6 +753,28 @@ impl Drop for Dispatcher {
             });
             futures::future::join_all(leaving).await;
         });
+    }
+}
+
+/// Unsubscribes `own`, a dispatcher's channel of a lock, and the lock's `channel` unless
+/// another dispatcher on the subscriber still wants it (`shared_as`: the dispatcher's number
+/// in [`SHARED`], when its subscriber was made elsewhere).
+async fn leave_channel(
+    subscriber: &SubscriberClient,
+    mode: PubsubMode,
+    shared_as: Option<u64>,
+    channel: &str,
+    own: String,
+) -> Result<(), fred::error::Error> {
+    match shared_as {
+        None => unsubscribe_both(subscriber, mode, own, Some(channel)).await,
+        Some(number) => {
+            SharedChannel::of(subscriber.id(), channel)
+                .leave(number, |last| {
+                    unsubscribe_both(subscriber, mode, own, last.then_some(channel))
+                })
+                .await
+        }
     }
 }
 
