@@ -289,8 +289,8 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
         waited = true;
         note_wait(shared);
         let mut next_check = sent + heartbeat(shared);
-        if let Some(retry_after) = retry_after {
-            next_check = next_check.min(Instant::now() + retry_after);
+        if let Some(back_at) = retry_after.and_then(|after| Instant::now().checked_add(after)) {
+            next_check = next_check.min(back_at);
         }
         // Our place is kept by the store until at least `sent + ttl`, and a hand-over made to
         // us lasts `ttl` from when it was made, which is later still.
@@ -313,7 +313,12 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
                     // last call, which would have been granted then: it was revoked since.
                     Some(Wake::Granted { grant, .. }) if grant.token <= last_token => {}
                     Some(Wake::Granted { grant, .. }) => {
-                        if Instant::now() < handover_safe_until {
+                        // Unless a call of ours may still land: it could confirm the
+                        // hand-over, counting the lease from then, and only our own
+                        // `acquire` knows how to count from that call.
+                        if Instant::now() < handover_safe_until
+                            && attempt.unknown_since.is_none()
+                        {
                             shared.meter.handover("wakeup");
                             note_wait(shared);
                             return Ok(attempt.hold(grant, handover_safe_until, true));
@@ -554,7 +559,8 @@ struct Attempt {
     /// The last call failed transiently (the store is down or failing over).
     failing: bool,
     /// When the earliest call whose outcome is unknown (it failed or was given up) was sent:
-    /// a grant found later may be its, and its lease started then.
+    /// a grant found by any later call of the attempt may be its (it may land after them),
+    /// and its lease started then.
     unknown_since: Option<Instant>,
     finished: bool,
     /// Counts this attempt among the levels the handle may have, until it and its clean-up
@@ -613,8 +619,9 @@ impl Attempt {
             Err(err) if is_outage(err) => {
                 self.unknown_since.get_or_insert(sent);
             }
-            Ok(_) => self.unknown_since = None,
-            Err(_) => {}
+            // Kept for the rest of the attempt, whatever later calls answer: the unknown
+            // call may still reach the store after them and make the grant they find.
+            _ => {}
         }
         outcome
     }
@@ -677,6 +684,7 @@ impl Attempt {
         self.ticket = self.shared.levels.register();
         self.id = AttemptId::random();
         self.sent = false;
+        self.unknown_since = None;
         self.finished = false;
         tracing::Span::current().record("attempt", tracing::field::display(self.id));
         cleanup

@@ -76,6 +76,11 @@ struct Faulty {
     /// Once a release has reached the store, every acquire stalls 10 s (the store pauses).
     stall_acquires_after_release: Arc<AtomicBool>,
     released: Arc<AtomicBool>,
+    /// The next acquire fails as `Unavailable` at once, and reaches the store this long after
+    /// (a request the link held and delivered late, after later ones).
+    deliver_next_acquire_late: Arc<Mutex<Option<Duration>>>,
+    /// `Queued` replies say to come back after `Duration::MAX` (a backend's bad hint).
+    endless_retry_after: Arc<AtomicBool>,
 }
 
 impl Faulty {
@@ -130,6 +135,14 @@ impl LockBackend for Faulty {
         }
         let mut request = request.clone();
         request.attempt = self.stored(request.attempt);
+        if let Some(delay) = self.deliver_next_acquire_late.lock().unwrap().take() {
+            let (inner, late) = (self.inner.clone(), request.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = inner.acquire(&late).await;
+            });
+            return Err(down());
+        }
         if self.resend_next_acquire.swap(false, SeqCst) {
             let (inner, again) = (self.inner.clone(), request.clone());
             let delay = *self.resend_delay.lock().unwrap();
@@ -145,6 +158,14 @@ impl LockBackend for Faulty {
         }
         if self.lose_next_reply.swap(false, SeqCst) {
             return Err(down());
+        }
+        if let AcquireOutcome::Queued { last_token, .. } = outcome {
+            if self.endless_retry_after.load(SeqCst) {
+                return Ok(AcquireOutcome::Queued {
+                    retry_after: Some(Duration::MAX),
+                    last_token,
+                });
+            }
         }
         if self.lose_next_reply_slowly.swap(false, SeqCst) {
             tokio::time::sleep(Duration::from_millis(900)).await;
@@ -457,6 +478,122 @@ async fn a_late_grant_found_by_a_retry_is_renewed_before_use() {
     );
     assert!(believed > Duration::from_millis(500), "{believed:?}");
     guard.unlock().await.unwrap();
+}
+
+/// A queueing call fails, and the link delivers it late, after the retry that queued the
+/// attempt: it is the call that grants (the lock fell free meanwhile), and the next heartbeat
+/// only finds that grant, without lengthening its lease. The guard must count the lease from
+/// the late call, not from the heartbeat: it never believes it holds longer than the store.
+#[tokio::test(start_paused = true)]
+async fn a_grant_made_by_a_late_delivered_call_counts_from_that_call() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let start = tokio::time::Instant::now();
+    // Held until 10 s (never renewed), a dead waiter at the head until 11 s: the queued
+    // attempt is told no time to come back, and heart-beats every second.
+    let held = client
+        .fair_lock("x")
+        .unwrap()
+        .with_lease(Duration::from_secs(10))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let dead = AcquireRequest {
+        name: LockName::new("x").unwrap(),
+        owner: Owner::unique(),
+        attempt: AttemptId::random(),
+        lease: Duration::from_secs(1),
+        waiter_ttl: Duration::from_secs(11),
+        queue: true,
+    };
+    let queued = backend.inner.acquire(&dead).await.unwrap();
+    assert!(
+        matches!(queued, AcquireOutcome::Queued { .. }),
+        "{queued:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let options = LockOptions::default()
+        .with_lease(Duration::from_secs(2))
+        .with_waiter_ttl(Duration::from_secs(3));
+    let waiter = client
+        .fair_lock("x")
+        .unwrap()
+        .with_options(options)
+        .unwrap();
+    // The first call lands at 11.05 s, when the lock is free and the attempt heads the queue.
+    *backend.deliver_next_acquire_late.lock().unwrap() = Some(Duration::from_millis(10_550));
+    let guard = waiter.lock().await.unwrap();
+    let stored = client.state("x").await.unwrap().holder.unwrap();
+    assert!(
+        tokio::time::Instant::now() > start + Duration::from_millis(11_050),
+        "granted before the late call landed"
+    );
+    let believed = guard.lease_remaining();
+    assert!(
+        believed <= stored.lease_remaining,
+        "the guard believes {believed:?} left, the store {:?}",
+        stored.lease_remaining
+    );
+    drop(held);
+    guard.unlock().await.unwrap();
+}
+
+/// As above, on the hand-over path: the late call lands after the release handed the lock
+/// to its attempt, and confirms the hand-over, its lease counted from then. A guard made on the
+/// wake-up alone would confirm later, find the level confirmed, and count from its own call.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_confirmed_by_a_late_delivered_call_counts_from_that_call() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let held = client
+        .fair_lock("x")
+        .unwrap()
+        .with_lease(Duration::from_secs(10))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiter = client
+        .fair_lock("x")
+        .unwrap()
+        .with_lease(Duration::from_secs(20))
+        .unwrap();
+    // A lease longer than the pending level's life (the waiter TTL), so the confirmation
+    // sets it. The first call lands at 1.02 s, 20 ms after the hand-over.
+    *backend.deliver_next_acquire_late.lock().unwrap() = Some(Duration::from_millis(520));
+    let waiting = tokio::spawn(async move { waiter.lock().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.unlock().await.unwrap();
+    let guard = waiting.await.unwrap().unwrap();
+    // Past the late call and any confirmation.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stored = client.state("x").await.unwrap().holder.unwrap();
+    assert!(stored.confirmed, "{stored:?}");
+    let believed = guard.lease_remaining();
+    assert!(
+        believed <= stored.lease_remaining,
+        "the guard believes {believed:?} left, the store {:?}",
+        stored.lease_remaining
+    );
+    guard.unlock().await.unwrap();
+}
+
+/// A backend's `retry_after` hint too large to add to the clock is not a panic: the waiter
+/// heart-beats as usual, and gets the lock when it is released.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_past_the_end_of_time_is_no_panic() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let held = client.fair_lock("x").unwrap().lock().await.unwrap();
+    backend.endless_retry_after.store(true, SeqCst);
+    let waiter = client.fair_lock("x").unwrap();
+    let waiting = tokio::spawn(async move { waiter.lock().await.map(|guard| guard.hold_count()) });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    held.unlock().await.unwrap();
+    let count = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+    assert!(matches!(count, Ok(Ok(Ok(1)))), "{count:?}");
 }
 
 /// `unlock()` during a store outage shorter than the outage budget (a failover of a few
