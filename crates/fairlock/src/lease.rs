@@ -260,9 +260,19 @@ async fn renew_before_deadline<T>(
                     return Renewal::HoldGone;
                 }
             }
-            _ = sleep_until(deadline) => return Renewal::TimedOut,
+            _ = sleep_until(deadline) => if passed(deadline_rx) {
+                return Renewal::TimedOut;
+            },
         }
     }
+}
+
+/// Whether the hold's deadline, as it is now, has passed. The clock is read under the
+/// deadline's lock, as `Hold::raise_deadline` reads it, so a raise that this misses can no
+/// longer succeed.
+fn passed(deadline_rx: &watch::Receiver<Instant>) -> bool {
+    let deadline = deadline_rx.borrow();
+    Instant::now() >= *deadline
 }
 
 /// How long before a hold's deadline its keeper starts at the latest (if the hold got no
@@ -304,6 +314,11 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
         tokio::select! {
             biased;
             _ = sleep_until(deadline) => {
+                // An extension may have raised the deadline just before it passed, the
+                // keeper polled only after: the deadline as it is now decides.
+                if !passed(&deadline_rx) {
+                    continue;
+                }
                 if let Some(hold) = hold.upgrade() {
                     hold.mark_lost(&shared, LostReason::Expired);
                 }
