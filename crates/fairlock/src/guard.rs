@@ -414,6 +414,7 @@ impl LockGuard {
             ticket: self.ticket.clone(),
             finishing: Arc::new(self.shared.levels.finishing()),
             first_sent: Instant::now(),
+            lost_before: self.level.is_lost(),
         }
     }
 }
@@ -439,6 +440,8 @@ struct Release {
     finishing: Arc<Finishing>,
     /// When the first try went out (a re-send after a dropped `unlock` keeps it).
     first_sent: Instant,
+    /// The guard's own level was known lost (or lapsed) when it let go.
+    lost_before: bool,
 }
 
 impl Release {
@@ -462,6 +465,7 @@ impl Release {
             ticket,
             finishing,
             first_sent,
+            lost_before,
             ..
         } = self;
         let span = info_span!(
@@ -512,12 +516,21 @@ impl Release {
                         .into(),
                     })
                 }
-                // This guard's hand-over lapsed: its lease is lost whatever the store answers.
-                // A `NotHeld` is that lapse (the level is gone) and says nothing of the hold,
-                // which sibling guards may still have.
-                Ok(ReleaseOutcome::Released { .. } | ReleaseOutcome::NotHeld)
-                    if level.is_lost() =>
-                {
+                // This guard's hand-over had lapsed (as far as it knew) before it let go: its
+                // lease was lost whatever the store answers. A `NotHeld` is that lapse (the
+                // level is gone) and says nothing of the hold, which sibling guards may still
+                // have. A `Released` for a level live when the guard let go proves it was
+                // still there, however late the reply.
+                Ok(ReleaseOutcome::Released { .. }) if lost_before => {
+                    debug!(
+                        ?outcome,
+                        "this guard's hand-over had lapsed before its release"
+                    );
+                    Err(Error::LeaseLost {
+                        name: shared.name.to_string(),
+                    })
+                }
+                Ok(ReleaseOutcome::NotHeld) if level.is_lost() => {
                     debug!(
                         ?outcome,
                         "this guard's hand-over had lapsed before its release"

@@ -79,6 +79,8 @@ struct Faulty {
     /// The next acquire fails as `Unavailable` at once, and reaches the store this long after
     /// (a request the link held and delivered late, after later ones).
     deliver_next_acquire_late: Arc<Mutex<Option<Duration>>>,
+    /// Every release's reply comes this long after the store applied it.
+    release_reply_delay: Arc<Mutex<Duration>>,
     /// `Queued` replies say to come back after `Duration::MAX` (a backend's bad hint).
     endless_retry_after: Arc<AtomicBool>,
 }
@@ -195,6 +197,10 @@ impl LockBackend for Faulty {
         let attempt = self.stored(attempt);
         let outcome = self.inner.release(name, owner, token, attempt).await?;
         self.released.store(true, SeqCst);
+        let reply_delay = *self.release_reply_delay.lock().unwrap();
+        if !reply_delay.is_zero() {
+            tokio::time::sleep(reply_delay).await;
+        }
         if self.resend_next_release.swap(false, SeqCst) {
             return self.inner.release(name, owner, token, attempt).await;
         }
@@ -594,6 +600,21 @@ async fn a_retry_after_past_the_end_of_time_is_no_panic() {
     held.unlock().await.unwrap();
     let count = tokio::time::timeout(Duration::from_secs(5), waiting).await;
     assert!(matches!(count, Ok(Ok(Ok(1)))), "{count:?}");
+}
+
+/// A guard made from a hand-over's wake-up and released at once, before it needed confirming:
+/// the store applies the release in time, but its reply comes after the guard's unconfirmed
+/// level would have lapsed. `Released` proves the level was there when the release removed
+/// it, so the unlock succeeds, as a confirmed guard's does.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_released_in_time_is_not_lost_for_a_slow_reply() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let owner = Arc::new(client.fair_lock("x").unwrap());
+    let guard = hand_over(&client, &owner, || {}).await;
+    *backend.release_reply_delay.lock().unwrap() = Duration::from_secs(6);
+    let released = guard.unlock().await;
+    assert!(released.is_ok(), "{released:?}");
 }
 
 /// `unlock()` during a store outage shorter than the outage budget (a failover of a few
