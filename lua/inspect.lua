@@ -1,7 +1,8 @@
--- inspect: a read-only snapshot (O(number of queue entries)).
+-- inspect: a read-only snapshot (O(number of queue entries)), or of the holder alone
+-- (a few commands, whatever the queue holds).
 --
 -- KEYS: H, Q, Z, W, F, X (see prelude.lua); X is not used.
--- ARGV: none
+-- ARGV: 1 (optional) "h": the holder only, no waiters
 -- Returns an array of strings:
 --   [1] lock name ("" if never recorded)
 --   [2..6] holder: owner, hold count (a live pending level included), token, lease remaining
@@ -31,7 +32,7 @@ else
     table.insert(out, '')
   end
 end
-if present[Q] then
+if present[Q] and ARGV[1] ~= 'h' then
   for _, ticket in ipairs(redis.call('ZRANGE', Q, 0, -1)) do
     local deadline = tonumber(redis.call('ZSCORE', Z, ticket))
     if deadline and deadline > now_ms then

@@ -212,16 +212,27 @@ impl RedisBackend {
         }
     }
 
-    /// Runs `inspect` on the lock with these keys: (stored name, state).
-    async fn snapshot(&self, keys: &LockKeys, lock: &str) -> Result<(String, LockState)> {
+    /// Runs `inspect` on the lock with these keys: (stored name, state). With `holder_only`,
+    /// the script does not walk the queue, and the state lists no waiters.
+    async fn snapshot(
+        &self,
+        keys: &LockKeys,
+        lock: &str,
+        holder_only: bool,
+    ) -> Result<(String, LockState)> {
         let script = &self.scripts().await?.inspect;
-        let reply = self.run(script, keys, lock, Vec::new()).await?;
+        let args = if holder_only {
+            vec!["h".to_owned()]
+        } else {
+            Vec::new()
+        };
+        let reply = self.run(script, keys, lock, args).await?;
         let Value::Array(items) = &reply else {
             return Err(bad_reply(script.name, reply));
         };
         let fields: Option<Vec<String>> = items.iter().map(Value::as_string).collect();
         let fields = fields.ok_or_else(|| bad_reply(script.name, &reply))?;
-        if fields.len() < 6 || (fields.len() - 6) % 3 != 0 {
+        if fields.len() < 6 || (fields.len() - 6) % 3 != 0 || (holder_only && fields.len() > 6) {
             return Err(bad_reply(script.name, &reply));
         }
         let number = |text: &str| -> Result<u64> {
@@ -457,17 +468,24 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let (_, mut state) = self
-            .snapshot(&self.keys(name.as_str()), name.as_str())
+            .snapshot(&self.keys(name.as_str()), name.as_str(), false)
             .await?;
         state.name = name.as_str().to_owned();
         Ok(state)
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        let (_, state) = self
+            .snapshot(&self.keys(name.as_str()), name.as_str(), true)
+            .await?;
+        Ok(state.holder)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
         let mut summaries = Vec::new();
         for tag in self.scan_tags().await? {
             let keys = LockKeys::from_tag(&self.inner.prefix, &tag);
-            let (name, state) = match self.snapshot(&keys, &tag).await {
+            let (name, state) = match self.snapshot(&keys, &tag, false).await {
                 Ok(found) => found,
                 // Someone else's key that happens to match the pattern: not a lock of ours.
                 Err(Error::Conflict { .. }) => continue,

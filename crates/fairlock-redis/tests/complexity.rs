@@ -104,6 +104,76 @@ async fn operations_do_not_walk_the_queue() {
     assert_eq!(state.waiters.len(), WAITERS - 1);
 }
 
+/// Asking whether a guard still holds, and force-unlocking, read the holder without walking
+/// the queue: a holder asking every second behind thousands of waiters (the CLI's fixed-lease
+/// `exec` does) must not run a script as long as the queue each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_questions_do_not_walk_the_queue() {
+    let server = Server::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let client = fairlock::LockClient::new(backend.clone());
+    let lock = name();
+    let guard = client
+        .fair_lock(lock.as_str())
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    const WAITERS: usize = 2000;
+    join_many(
+        &backend,
+        &lock,
+        WAITERS,
+        std::time::Duration::from_secs(60),
+        "w",
+    )
+    .await;
+    let mut held = false;
+    let asked = cost(&server, async { held = guard.is_held().await.unwrap() }).await;
+    assert!(held);
+    let mut holder = None;
+    let read = cost(&server, async {
+        holder = backend.holder(&lock).await.unwrap()
+    })
+    .await;
+    let (holder, inspected) = (
+        holder.unwrap(),
+        backend.inspect(&lock).await.unwrap().holder.unwrap(),
+    );
+    assert_eq!(
+        (
+            &holder.owner,
+            holder.token,
+            holder.hold_count,
+            holder.confirmed
+        ),
+        (
+            &inspected.owner,
+            inspected.token,
+            inspected.hold_count,
+            inspected.confirmed
+        )
+    );
+    let mut freed = false;
+    let forced = cost(&server, async {
+        freed = client.force_unlock(lock.as_str()).await.unwrap()
+    })
+    .await;
+    assert!(freed);
+    for (what, commands) in [
+        ("is_held", asked),
+        ("holder", read),
+        ("force_unlock", forced),
+    ] {
+        println!("{what}: {commands} commands");
+        assert!(
+            commands <= BUDGET,
+            "{what} ran {commands} commands with {WAITERS} waiters"
+        );
+    }
+    drop(guard);
+}
+
 /// How many entries the lock's queue key stores, whatever its type.
 fn queue_entries(server: &Server, lock: &fairlock::LockName) -> u64 {
     let key = format!("fairlock:{{{lock}}}:q");

@@ -13,7 +13,7 @@
 //!
 //! use async_trait::async_trait;
 //! use fairlock::backend::{
-//!     AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary,
+//!     AcquireOutcome, AcquireRequest, AttemptId, HolderState, LockBackend, LockState, LockSummary,
 //!     ReleaseOutcome, Watch,
 //! };
 //! use fairlock::{LockClient, LockName, MemoryBackend, Owner, Result};
@@ -73,6 +73,11 @@
 //!         let mut state = self.store.inspect(&self.stored(name)?).await?;
 //!         state.name = name.to_string();
 //!         Ok(state)
+//!     }
+//!
+//!     // Optional, but forwarded so the store's own (cheaper) answer is kept.
+//!     async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+//!         self.store.holder(&self.stored(name)?).await
 //!     }
 //!
 //!     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
@@ -316,6 +321,15 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// A snapshot of the lock as the store sees it now.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
+
+    /// The holder of the lock as the store sees it now: what [`inspect`](Self::inspect)
+    /// reports as [`LockState::holder`], without the queue. `LockGuard::is_held` and
+    /// `force_unlock` ask only this, so a store whose `inspect` walks the queue (its work
+    /// growing with the waiters, dead ones included) should answer it without that walk. The
+    /// default calls `inspect`.
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        Ok(self.inspect(name).await?.holder)
+    }
 
     /// The locks whose names start with `prefix` that are held or have live waiters, in any
     /// order.

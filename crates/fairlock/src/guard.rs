@@ -202,8 +202,8 @@ impl LockGuard {
             return Ok(false);
         }
         let shared = &self.shared;
-        let state = shared.backend.inspect(&shared.name).await?;
-        let listed = state.holder.is_some_and(|holder| {
+        let holder = shared.backend.holder(&shared.name).await?;
+        let listed = holder.is_some_and(|holder| {
             holder.owner == shared.owner.as_str() && holder.token == self.grant.token
         });
         if !listed {

@@ -201,7 +201,7 @@ fn store(backend: &Arc<dyn LockBackend>, by_lock: bool) -> Arc<dyn LockBackend> 
 /// the resend horizon), and the lock may by then have gone to the next waiter, who must keep
 /// it.
 async fn force_release(backend: &Arc<dyn LockBackend>, name: &LockName) -> Result<bool> {
-    let Some(holder) = backend.inspect(name).await?.holder else {
+    let Some(holder) = backend.holder(name).await? else {
         return Ok(false);
     };
     backend.force_release(name, holder.token).await

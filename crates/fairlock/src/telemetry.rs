@@ -367,6 +367,11 @@ impl LockBackend for Metered {
         self.count("inspect", Some(name), result)
     }
 
+    async fn holder(&self, name: &LockName) -> crate::Result<Option<crate::backend::HolderState>> {
+        let result = self.inner.holder(name).await;
+        self.count("holder", Some(name), result)
+    }
+
     async fn list(&self, prefix: &str) -> crate::Result<Vec<LockSummary>> {
         let result = self.inner.list(prefix).await;
         self.count("list", None, result)

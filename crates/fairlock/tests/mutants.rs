@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, Grant, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Wake, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Grant, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, Wake, Watch,
 };
 use fairlock::conformance::{run_checks_within, LossyWakeups};
 use fairlock::{LockName, MemoryBackend, Owner, Result, MAX_DURATION};
@@ -93,6 +93,8 @@ enum Kind {
     /// `abandon` removes a queue entry but keeps a pending grant (made to the attempt by a
     /// hand-over its caller never saw): the lock stays held until that grant lapses.
     AbandonKeepsGrant,
+    /// `holder` answers that nobody holds (a holder-only read of the wrong key, say).
+    HolderNone,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -140,6 +142,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         // `hand_over` catches it every time (its grantee leaves before confirming);
         // `cancel_at_grant_time_leaves_nothing` when one of its races lands after the grant.
         Kind::AbandonKeepsGrant => &["hand_over", "cancel_at_grant_time_leaves_nothing"],
+        Kind::HolderNone => &["state_matches_reality"],
         Kind::Faithful => &[],
     }
 }
@@ -483,6 +486,14 @@ impl LockBackend for Mutant {
         Ok(state)
     }
 
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        if self.kind == Kind::HolderNone {
+            return Ok(None);
+        }
+        // As `inspect` (with its mutations) shows it.
+        Ok(self.inspect(name).await?.holder)
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
         let mut listed = self.inner.list(prefix).await?;
         if self.kind == Kind::ListEmpty {
@@ -604,6 +615,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::ListEmpty,
         Kind::SkipsHead,
         Kind::AbandonKeepsGrant,
+        Kind::HolderNone,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

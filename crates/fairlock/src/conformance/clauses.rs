@@ -12,8 +12,8 @@ use tokio::time::sleep;
 
 use super::support::{self, raw_acquire, raw_acquire_as, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, Watch,
 };
 use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
@@ -341,6 +341,10 @@ impl LockBackend for Resend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        self.inner.holder(name).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {

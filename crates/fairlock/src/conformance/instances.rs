@@ -12,8 +12,8 @@ use async_trait::async_trait;
 
 use super::support::{self, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, Watch,
 };
 use crate::error::Result;
 use crate::name::{LockName, Owner};
@@ -124,6 +124,10 @@ impl LockBackend for Spread {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.any().inspect(name).await
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        self.any().holder(name).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {

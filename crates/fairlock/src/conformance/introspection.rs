@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::support::{self, raw_acquire, OrFail, Waiter};
-use crate::backend::{AcquireOutcome, LockBackend, LockSummary};
+use crate::backend::{AcquireOutcome, HolderState, LockBackend, LockState, LockSummary};
 use crate::name::{LockName, Owner};
 
 /// `state()` of a held lock with waiters shows the holder's owner, hold count, token and a
@@ -54,6 +54,7 @@ pub async fn state_matches_reality(backend: Arc<dyn LockBackend>) {
         vec![first.owner().to_string(), second.owner().to_string()],
         "{CHECK}: waiters in queue order"
     );
+    same_holder(&backend, &name, &state, "held, with waiters").await;
     for waiter in &state.waiters {
         assert!(
             !waiter.deadline_in.is_zero()
@@ -84,11 +85,28 @@ pub async fn state_matches_reality(backend: Arc<dyn LockBackend>) {
         format!("{CHECK}: the lock is free once all left"),
     )
     .await;
+    let state = client.state(&name).await.or_fail(CHECK);
+    same_holder(&backend, &name, &state, "free").await;
     let never = support::lock_name(CHECK);
     let state = client.state(&never).await.or_fail(CHECK);
     assert!(
         state.name == never && state.holder.is_none() && state.waiters.is_empty(),
         "{CHECK}: a lock never used: {state:?}"
+    );
+    same_holder(&backend, &never, &state, "never used").await;
+}
+
+/// `holder()` answers what `inspect()` showed as the holder (read again: the lease left may
+/// differ by the time between the two reads, the rest must not).
+async fn same_holder(backend: &Arc<dyn LockBackend>, name: &str, state: &LockState, when: &str) {
+    const CHECK: &str = "state_matches_reality";
+    let lock = LockName::new(name).or_fail(CHECK);
+    let holder = backend.holder(&lock).await.or_fail(CHECK);
+    let key = |h: &HolderState| (h.owner.clone(), h.hold_count, h.token, h.confirmed);
+    assert_eq!(
+        holder.as_ref().map(key),
+        state.holder.as_ref().map(key),
+        "{CHECK}: holder() must answer what inspect() shows as the holder ({when})"
     );
 }
 

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use super::support::{self, OrFail};
 use crate::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, Watch,
 };
 use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
@@ -219,6 +219,11 @@ impl LockBackend for CountCalls {
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.count();
         self.inner.inspect(name).await
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        self.count();
+        self.inner.holder(name).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {

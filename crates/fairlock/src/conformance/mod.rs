@@ -82,7 +82,7 @@
 //! | [`cancelled_waits_leave_nothing`] | waits dropped at random times leave no waiter and no hold |
 //! | [`cancel_at_grant_time_leaves_nothing`] | a wait dropped as the lock is handed to it gives the lock back |
 //! | [`lost_wakeups_still_progress`] | with every wake-up lost, a waiter gets the lock within a heartbeat |
-//! | [`state_matches_reality`] | `state()` shows holder, count, token, lease and waiters as they are |
+//! | [`state_matches_reality`] | `state()` shows holder, count, token, lease and waiters as they are; `holder()` agrees |
 //! | [`list_shows_held_and_waited`] | `list(prefix)` shows held and waited locks, not free ones |
 //! | [`invalid_input_is_rejected`] | bad names, durations and waits fail with `InvalidArgument` and touch nothing |
 
