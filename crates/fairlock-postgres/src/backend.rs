@@ -44,6 +44,22 @@ pub(crate) fn pool_error(error: PoolError, context: Context<'_>) -> fairlock::Er
     }
 }
 
+/// A connection from `pool` within `limit`: the pool's own wait and create timeouts are
+/// the caller's choice with `from_pool`, and may be none.
+pub(crate) async fn pooled(
+    pool: &deadpool_postgres::Pool,
+    limit: Duration,
+    context: Context<'_>,
+) -> fairlock::Result<Object> {
+    match tokio::time::timeout(limit, pool.get()).await {
+        Ok(client) => client.map_err(|error| pool_error(error, context)),
+        Err(_elapsed) => Err(error::unavailable(
+            context.endpoint,
+            format!("no pooled connection within {limit:?}"),
+        )),
+    }
+}
+
 /// Whether the error says fairlock's functions or tables are missing (someone dropped the
 /// schema): they are created again and the call is retried once.
 fn is_missing_schema(error: &tokio_postgres::Error) -> bool {
@@ -74,12 +90,7 @@ impl PostgresBackend {
         lock: Option<&str>,
     ) -> Result<Vec<Row>> {
         let context = self.context(lock);
-        let client = self
-            .inner
-            .pool
-            .get()
-            .await
-            .map_err(|error| pool_error(error, context))?;
+        let client = pooled(&self.inner.pool, self.inner.connect_timeout, context).await?;
         let mut outcome =
             tokio::time::timeout(OPERATION_TIMEOUT, Self::query(&client, query, params)).await;
         if matches!(&outcome, Ok(Err(error)) if is_missing_schema(error)) {

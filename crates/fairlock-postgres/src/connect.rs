@@ -91,9 +91,21 @@ impl PostgresBackendBuilder {
     ///
     /// # Errors
     /// As [`PostgresBackend::connect`], and [`fairlock::Error::InvalidArgument`] for an
-    /// invalid schema.
+    /// invalid schema, or a `connect_timeout` or `fence_margin` longer than
+    /// [`fairlock::MAX_DURATION`].
     pub async fn connect(self) -> fairlock::Result<PostgresBackend> {
         schema::validate(&self.schema)?;
+        for (what, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("fence_margin", self.fence_margin),
+        ] {
+            if value > fairlock::MAX_DURATION {
+                return Err(fairlock::Error::InvalidArgument {
+                    what,
+                    reason: format!("{value:?} is longer than {:?}", fairlock::MAX_DURATION),
+                });
+            }
+        }
         let mut config: tokio_postgres::Config =
             self.url
                 .parse()
@@ -165,10 +177,7 @@ async fn build(
         lock: None,
     };
     {
-        let client = pool
-            .get()
-            .await
-            .map_err(|error| crate::backend::pool_error(error, context))?;
+        let client = crate::backend::pooled(&pool, connect_timeout, context).await?;
         let installed = tokio::time::timeout(connect_timeout * 4, sql.install(&client, false))
             .await
             .map_err(|_| error::unavailable(&endpoint, "creating the schema timed out"))?;
@@ -186,6 +195,7 @@ async fn build(
             sql,
             endpoint,
             fence_margin,
+            connect_timeout,
         }),
     })
 }

@@ -71,6 +71,9 @@ struct Inner {
     endpoint: String,
     /// How long an idle lock's row (its last fencing token) is kept.
     fence_margin: Duration,
+    /// The bound on waiting for a pooled connection (a pool given to `from_pool` may have
+    /// none of its own).
+    connect_timeout: Duration,
 }
 
 impl PostgresBackend {

@@ -67,6 +67,58 @@ async fn invalid_schemas_and_urls_are_rejected_before_connecting() {
     assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
 }
 
+/// Durations too long for the server's intervals (or to multiply) are refused at connect,
+/// not a panic there, nor a backend whose every call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_past_the_limit_are_rejected_at_connect() {
+    let server = Server::start();
+    let too_long = fairlock::MAX_DURATION + Duration::from_secs(1);
+    for builder in [
+        PostgresBackend::builder(server.url()).connect_timeout(Duration::MAX),
+        PostgresBackend::builder(server.url()).connect_timeout(too_long),
+        PostgresBackend::builder(server.url()).fence_margin(Duration::MAX),
+    ] {
+        let outcome = builder.connect().await;
+        assert!(
+            matches!(outcome, Err(Error::InvalidArgument { .. })),
+            "{:?}",
+            outcome.map(|_| "connected")
+        );
+    }
+}
+
+/// With `from_pool`, the pool's waits are the caller's: one without a wait timeout, all of
+/// whose connections are taken, does not hold an operation forever. It fails as
+/// `Unavailable` within the connect timeout (5 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_no_connection_free_keeps_operations_bounded() {
+    use fairlock_postgres::{deadpool_postgres, tokio_postgres};
+    let server = Server::start();
+    let config: tokio_postgres::Config = server.url().parse().unwrap();
+    let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(1)
+        .build()
+        .unwrap();
+    let backend = PostgresBackend::from_pool(pool.clone(), config, "fairlock")
+        .await
+        .unwrap();
+    let taken = pool.get().await.unwrap();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), backend.inspect(&name())).await;
+    assert!(
+        matches!(outcome, Ok(Err(Error::Unavailable { .. }))),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(taken);
+    backend.inspect(&name()).await.unwrap();
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable() {
     let port = fairlock_testsupport::free_port().unwrap();
