@@ -95,6 +95,12 @@ enum Kind {
     AbandonKeepsGrant,
     /// `holder` answers that nobody holds (a holder-only read of the wrong key, say).
     HolderNone,
+    /// A queued waiter's `acquire` on a free lock is granted whatever stands in front of it
+    /// ("is queued" taken for "is the head"): the waiters ahead are dropped.
+    QueueBarging,
+    /// The first waiter of a lock stays in front until it is granted or leaves, even once
+    /// dead: a lock that falls free without a hand-over (its lease ran out) waits for it.
+    DeadHeadBlocks,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -143,6 +149,8 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         // `cancel_at_grant_time_leaves_nothing` when one of its races lands after the grant.
         Kind::AbandonKeepsGrant => &["hand_over", "cancel_at_grant_time_leaves_nothing"],
         Kind::HolderNone => &["state_matches_reality"],
+        Kind::QueueBarging => &["try_lock_never_barges"],
+        Kind::DeadHeadBlocks => &["dead_waiters_are_evicted"],
         Kind::Faithful => &[],
     }
 }
@@ -179,6 +187,9 @@ struct Sent {
     moved: Mutex<HashMap<AttemptId, AttemptId>>,
     /// What each inner attempt asked for (lease, waiter TTL), to queue it again.
     asked: Mutex<HashMap<AttemptId, (Duration, Duration)>>,
+    /// Each lock's first queued attempt, until granted or gone; and the highest token seen.
+    first_queued: Mutex<HashMap<LockName, (AttemptId, String)>>,
+    last_token: Mutex<HashMap<LockName, u64>>,
 }
 
 impl Mutant {
@@ -266,6 +277,31 @@ impl Mutant {
         Ok(())
     }
 
+    /// `attempt` ended: it no longer stands first (for the mutant whose first waiter blocks).
+    fn forget_first(&self, name: &LockName, attempt: AttemptId) {
+        let mut first = self.sent.first_queued.lock().unwrap();
+        if first.get(name).is_some_and(|(a, _)| *a == attempt) {
+            first.remove(name);
+        }
+    }
+
+    /// After a call that may hand the lock over: the first waiter handed it (the hand-over
+    /// takes it out of the queue, dead or not) no longer stands first.
+    async fn note_hand_over(&self, name: &LockName) -> Result<()> {
+        if self.kind != Kind::DeadHeadBlocks {
+            return Ok(());
+        }
+        let holder = self.inner.inspect(name).await?.holder;
+        let mut first = self.sent.first_queued.lock().unwrap();
+        if first
+            .get(name)
+            .is_some_and(|(_, owner)| holder.as_ref().is_some_and(|h| h.owner == *owner))
+        {
+            first.remove(name);
+        }
+        Ok(())
+    }
+
     fn token_out(&self, token: u64) -> u64 {
         if self.kind == Kind::TokensDecrease && token != 0 {
             FLIP - token
@@ -311,6 +347,35 @@ impl LockBackend for Mutant {
                 return Ok(AcquireOutcome::Busy);
             }
         }
+        if self.kind == Kind::DeadHeadBlocks {
+            let first = self
+                .sent
+                .first_queued
+                .lock()
+                .unwrap()
+                .get(&request.name)
+                .map(|(attempt, _)| *attempt);
+            if first.is_some_and(|first| first != request.attempt)
+                && self.inner.inspect(&request.name).await?.holder.is_none()
+            {
+                let last_token = self
+                    .sent
+                    .last_token
+                    .lock()
+                    .unwrap()
+                    .get(&request.name)
+                    .copied()
+                    .unwrap_or(0);
+                return Ok(if request.queue {
+                    AcquireOutcome::Queued {
+                        retry_after: None,
+                        last_token,
+                    }
+                } else {
+                    AcquireOutcome::Busy
+                });
+            }
+        }
         let mut inner = request.clone();
         inner.attempt = self.inner_attempt(&request.owner, request.attempt);
         if self.kind == Kind::SkipsHead {
@@ -348,6 +413,22 @@ impl LockBackend for Mutant {
                     .insert(request.attempt, inner.attempt);
                 outcome = self.inner.acquire(&inner).await?;
             }
+            (Kind::QueueBarging, AcquireOutcome::Queued { .. }) if request.queue => {
+                let state = self.inner.inspect(&request.name).await?;
+                if state.holder.is_none() {
+                    for ahead in state
+                        .waiters
+                        .iter()
+                        .take_while(|w| w.attempt != request.attempt)
+                    {
+                        let owner = Owner::new(ahead.owner.clone())?;
+                        self.inner
+                            .abandon(&request.name, &owner, ahead.attempt)
+                            .await?;
+                    }
+                    outcome = self.inner.acquire(&inner).await?;
+                }
+            }
             (Kind::Barging, AcquireOutcome::Busy) if !request.queue => {
                 let state = self.inner.inspect(&request.name).await?;
                 if state.holder.is_none() {
@@ -366,6 +447,29 @@ impl LockBackend for Mutant {
             (self.kind, &outcome)
         {
             self.sent.granted.lock().unwrap().insert(request.attempt);
+        }
+        if self.kind == Kind::DeadHeadBlocks {
+            let mut first = self.sent.first_queued.lock().unwrap();
+            let mut last = self.sent.last_token.lock().unwrap();
+            let seen = last.entry(request.name.clone()).or_default();
+            match &outcome {
+                AcquireOutcome::Queued { last_token, .. } => {
+                    *seen = (*seen).max(*last_token);
+                    first
+                        .entry(request.name.clone())
+                        .or_insert((request.attempt, request.owner.to_string()));
+                }
+                AcquireOutcome::Granted(grant) => {
+                    *seen = (*seen).max(grant.token);
+                    if first
+                        .get(&request.name)
+                        .is_some_and(|(attempt, _)| *attempt == request.attempt)
+                    {
+                        first.remove(&request.name);
+                    }
+                }
+                AcquireOutcome::Busy => {}
+            }
         }
         if let (Kind::StaleGrantCount, AcquireOutcome::Granted(grant)) = (self.kind, &mut outcome) {
             let mut counts = self.sent.counts.lock().unwrap();
@@ -398,6 +502,7 @@ impl LockBackend for Mutant {
         if self.kind == Kind::ForgetsSpent {
             self.attempts.lock().unwrap().remove(&attempt);
         }
+        self.forget_first(name, attempt);
         if self.kind == Kind::SkipsHead {
             self.skip_head(name).await?;
         }
@@ -405,6 +510,7 @@ impl LockBackend for Mutant {
             .inner
             .release(name, owner, self.token_in(token), inner)
             .await?;
+        self.note_hand_over(name).await?;
         let again = !self.sent.released.lock().unwrap().insert(attempt);
         Ok(match (self.kind, outcome) {
             (Kind::ForgetsReleases, ReleaseOutcome::Released { remaining: 0 }) if again => {
@@ -453,7 +559,9 @@ impl LockBackend for Mutant {
         if self.kind == Kind::ForgetsSpent {
             self.attempts.lock().unwrap().remove(&attempt);
         }
-        self.inner.abandon(name, owner, inner).await
+        self.forget_first(name, attempt);
+        self.inner.abandon(name, owner, inner).await?;
+        self.note_hand_over(name).await
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
@@ -463,6 +571,7 @@ impl LockBackend for Mutant {
             }
         }
         let freed = self.inner.force_release(name, self.token_in(token)).await?;
+        self.note_hand_over(name).await?;
         let again = !self.sent.forced.lock().unwrap().insert(token);
         Ok(match self.kind {
             Kind::ForgetsForceReleases if again => false,
@@ -616,6 +725,8 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::SkipsHead,
         Kind::AbandonKeepsGrant,
         Kind::HolderNone,
+        Kind::QueueBarging,
+        Kind::DeadHeadBlocks,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

@@ -17,7 +17,9 @@ const DEAD_TTL: Duration = Duration::from_millis(400);
 /// - at the head, with the lock released while it is still live: the live waiter behind it
 ///   gets the lock, but not before the dead one's deadline (it was first in line until then);
 /// - in the middle: it disappears from `state().waiters` without holding up the waiters
-///   around it, is never granted the lock, and the waiter behind it is served next.
+///   around it, is never granted the lock, and the waiter behind it is served next;
+/// - at the head of a lock whose holder's lease ran out (no release, so no hand-over): the
+///   live waiter behind gets the lock once the dead one's deadline has passed.
 pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "dead_waiters_are_evicted";
     let client = support::client(&backend);
@@ -99,6 +101,42 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
         &client,
         &name,
         format!("{CHECK}: lock free at the end (middle)"),
+    )
+    .await;
+
+    // At the head of a lock whose lease ran out.
+    let name = support::lock_name(CHECK);
+    let lease = Duration::from_millis(300);
+    let expiring = support::fixed_lease_client(&backend, lease)
+        .fair_lock(&name)
+        .or_fail(CHECK)
+        .lock()
+        .await
+        .or_fail(CHECK);
+    let dead = Owner::unique();
+    let dead_sent = Instant::now();
+    queue_dead(&backend, &name, &dead, CHECK).await;
+    let mut live = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
+    let acquired = live
+        .acquired_within(lease + DEAD_TTL + support::EVENTUALLY)
+        .await;
+    assert!(
+        acquired.at + support::CLOCK_SLACK >= dead_sent + DEAD_TTL,
+        "{CHECK}: the waiter behind got the expired lock {:?} after the dead head waiter queued, before that one's {DEAD_TTL:?} liveness ended",
+        acquired.at - dead_sent
+    );
+    assert!(
+        acquired.token > expiring.fencing_token(),
+        "{CHECK}: token {} after the expired holder's {}",
+        acquired.token,
+        expiring.fencing_token()
+    );
+    live.release().await;
+    drop(expiring);
+    support::wait_clean(
+        &client,
+        &name,
+        format!("{CHECK}: lock free at the end (head, lease ran out)"),
     )
     .await;
 }

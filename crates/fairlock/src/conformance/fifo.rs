@@ -62,7 +62,8 @@ pub async fn fifo_order(backend: Arc<dyn LockBackend>) {
 /// `try_lock` by a new owner fails with `WouldBlock` and joins no queue when the lock is held
 /// and has waiters, and also when the holder's lease has run out but a live waiter is still
 /// queued (the lock is free, yet the waiter comes first). A raw `acquire` without `queue`
-/// answers `Busy` in both cases.
+/// answers `Busy` in both cases. Nor does a waiter queued behind the first barge on the free
+/// lock: its own `acquire` (a heartbeat, here before the head's) keeps it queued.
 pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "try_lock_never_barges";
     let client = support::client(&backend);
@@ -125,10 +126,13 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
         .or_fail(CHECK);
     let expired = expiring.lock().await.or_fail(CHECK);
     let queued = Owner::unique();
+    let behind = Owner::unique();
     let long_ttl = Duration::from_secs(5);
-    let outcome = raw_acquire(&backend, &name, &queued, lease, long_ttl, true).await;
-    let what = format!("{CHECK}: acquire with queue on a held lock");
-    support::expect_queued(outcome, expired.fencing_token(), what);
+    for waiter in [&queued, &behind] {
+        let outcome = raw_acquire(&backend, &name, waiter, lease, long_ttl, true).await;
+        let what = format!("{CHECK}: acquire with queue on a held lock");
+        support::expect_queued(outcome, expired.fencing_token(), what);
+    }
     let state = support::state_where(
         &client,
         &name,
@@ -139,8 +143,8 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
     .await;
     assert_eq!(
         support::waiter_owners(&state),
-        vec![queued.to_string()],
-        "{CHECK}: the waiter is still queued after the lease ran out"
+        vec![queued.to_string(), behind.to_string()],
+        "{CHECK}: the waiters are still queued after the lease ran out"
     );
     let barger = client.fair_lock(&name).or_fail(CHECK);
     let attempt = barger.try_lock().await;
@@ -154,6 +158,11 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
         AcquireOutcome::Busy,
         "{CHECK}: acquire without queue with a live waiter"
     );
+    let second = raw_acquire(&backend, &name, &behind, lease, long_ttl, true).await;
+    assert!(
+        matches!(second, AcquireOutcome::Queued { .. }),
+        "{CHECK}: the second waiter's heartbeat on the free lock, the first still live: expected Queued, got {second:?}"
+    );
     let granted = raw_acquire(&backend, &name, &queued, lease, long_ttl, true).await;
     let AcquireOutcome::Granted(grant) = granted else {
         panic!("{CHECK}: the head waiter of a free lock must be granted it, got {granted:?}");
@@ -165,6 +174,12 @@ pub async fn try_lock_never_barges(backend: Arc<dyn LockBackend>) {
         expired.fencing_token()
     );
     release_raw(&backend, &name, &queued, grant.token, CHECK).await;
+    // The second is next: handed the lock, or free for it.
+    let next = raw_acquire(&backend, &name, &behind, lease, long_ttl, true).await;
+    let AcquireOutcome::Granted(next) = next else {
+        panic!("{CHECK}: the second waiter, now first, must be granted the lock, got {next:?}");
+    };
+    release_raw(&backend, &name, &behind, next.token, CHECK).await;
     drop(expired);
     support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }

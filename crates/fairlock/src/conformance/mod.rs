@@ -68,14 +68,14 @@
 //! | [`list_ignores_dead_waiters`] | `list` counts live waiters only |
 //! | [`resends_are_harmless`] | with half the requests delivered again later (through [`Resend`]), the caller getting the first copy's reply or the second's, exclusion, counts and tokens hold (two of the tasks sharing one handle), a guard held past a renewal keeps its lease, and nothing is left |
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
-//! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter |
+//! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter; nor does a second waiter barge then |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
 //! | [`heartbeat_keeps_place_and_grantee_confirms`] | a heartbeat keeps the waiter's place; only the grantee's `acquire` confirms a hand-over (not `extend`), which then lasts its lease |
 //! | [`wait_timeout_leaves_queue`] | `try_lock_for` times out, leaves the queue, and delays no one |
 //! | [`lease_expiry_frees_lock`] | an unrenewed lease ends the hold; the waiter proceeds, not earlier |
 //! | [`watchdog_keeps_lock`] | the watchdog keeps a lock over several leases |
 //! | [`lease_lost_signal`] | `extend` postpones the lost-lease signal, which fires when the lease ends |
-//! | [`dead_waiters_are_evicted`] | a waiter that stops heart-beating blocks nobody, at the head or in the middle |
+//! | [`dead_waiters_are_evicted`] | a waiter that stops heart-beating blocks nobody, at the head or in the middle, also of a lock whose lease ran out |
 //! | [`force_release`] | force release frees the lock, hands it to the head waiter, reports whether it was held |
 //! | [`release_by_non_owner`] | release/extend with the wrong owner or token is refused and changes nothing |
 //! | [`fencing_tokens_increase`] | tokens increase across holders, expiry, force release and cleanup |
