@@ -40,7 +40,9 @@ enum Kind {
     TokensDecrease,
     /// A heartbeat sends the waiter to the tail.
     HeartbeatToTail,
-    /// Spent attempts are forgotten: a re-sent acquire is granted again.
+    /// Spent attempts are forgotten where the owner does not hold: a re-sent acquire of an
+    /// attempt that was released or abandoned counts as a new attempt (granted again on a
+    /// free lock). (`SpentReenters` is the same where the owner holds.)
     ForgetsSpent,
     /// `force_release` frees whatever hold there is, not the one it names.
     ForceAnyToken,
@@ -101,6 +103,12 @@ enum Kind {
     /// The first waiter of a lock stays in front until it is granted or leaves, even once
     /// dead: a lock that falls free without a hand-over (its lease ran out) waits for it.
     DeadHeadBlocks,
+    /// A re-entry sets the hold's lease to its own from now, shortening it (the hold ends
+    /// then: played by a force release at that time).
+    ReentryShortensLease,
+    /// A spent attempt of an owner that holds re-enters (the re-entry is tested before the
+    /// spent attempts): a re-sent acquire adds a level nobody will release.
+    SpentReenters,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -123,7 +131,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ConfirmIgnored => &["heartbeat_keeps_place_and_grantee_confirms"],
         Kind::TokensDecrease => &["fencing_tokens_increase", "mutual_exclusion"],
         Kind::HeartbeatToTail => &["heartbeat_keeps_place_and_grantee_confirms"],
-        Kind::ForgetsSpent => &["release_by_non_owner", "pending_grant_lasts_the_waiter_ttl"],
+        Kind::ForgetsSpent => &["release_by_non_owner"],
         Kind::ForceAnyToken => &["force_release"],
         Kind::Barging => &["try_lock_never_barges"],
         Kind::EndlessLease => &["lease_expiry_frees_lock"],
@@ -151,6 +159,8 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::HolderNone => &["state_matches_reality"],
         Kind::QueueBarging => &["try_lock_never_barges"],
         Kind::DeadHeadBlocks => &["dead_waiters_are_evicted"],
+        Kind::ReentryShortensLease => &["reentry_lengthens_the_lease"],
+        Kind::SpentReenters => &["release_by_non_owner"],
         Kind::Faithful => &[],
     }
 }
@@ -182,6 +192,7 @@ struct Sent {
     /// Each granted attempt's first hold count.
     counts: Mutex<HashMap<AttemptId, u32>>,
     released: Mutex<std::collections::HashSet<AttemptId>>,
+    abandoned: Mutex<std::collections::HashSet<AttemptId>>,
     forced: Mutex<std::collections::HashSet<u64>>,
     /// Queue entries sent to the tail under a new attempt: old inner attempt -> new one.
     moved: Mutex<HashMap<AttemptId, AttemptId>>,
@@ -223,7 +234,7 @@ impl Mutant {
     fn inner_attempt(&self, owner: &Owner, attempt: AttemptId) -> AttemptId {
         match self.kind {
             Kind::PerOwner => Self::owner_attempt(owner),
-            Kind::HeartbeatToTail | Kind::ForgetsSpent => *self
+            Kind::HeartbeatToTail => *self
                 .attempts
                 .lock()
                 .unwrap()
@@ -378,6 +389,38 @@ impl LockBackend for Mutant {
         }
         let mut inner = request.clone();
         inner.attempt = self.inner_attempt(&request.owner, request.attempt);
+        let ended = self
+            .sent
+            .released
+            .lock()
+            .unwrap()
+            .contains(&request.attempt)
+            || self
+                .sent
+                .abandoned
+                .lock()
+                .unwrap()
+                .contains(&request.attempt);
+        if self.kind == Kind::ForgetsSpent && ended {
+            let holder = self.inner.inspect(&request.name).await?.holder;
+            if holder.is_none_or(|h| h.owner != request.owner.as_str()) {
+                inner.attempt = AttemptId::random();
+            }
+        }
+        if self.kind == Kind::SpentReenters
+            && self
+                .sent
+                .released
+                .lock()
+                .unwrap()
+                .contains(&request.attempt)
+        {
+            let holder = self.inner.inspect(&request.name).await?.holder;
+            if holder.is_some_and(|h| h.owner == request.owner.as_str()) {
+                // As a fresh attempt: the store re-enters it.
+                inner.attempt = AttemptId::random();
+            }
+        }
         if self.kind == Kind::SkipsHead {
             self.sent
                 .asked
@@ -399,7 +442,21 @@ impl LockBackend for Mutant {
             }
             _ => {}
         }
+        let reentering = if self.kind == Kind::ReentryShortensLease {
+            let holder = self.inner.inspect(&request.name).await?.holder;
+            holder.is_some_and(|h| h.owner == request.owner.as_str())
+        } else {
+            false
+        };
         let mut outcome = self.inner.acquire(&inner).await?;
+        if let (true, AcquireOutcome::Granted(grant)) = (reentering, &outcome) {
+            let (store, name, token) = (Arc::clone(&self.inner), request.name.clone(), grant.token);
+            let lease = request.lease;
+            tokio::spawn(async move {
+                tokio::time::sleep(lease).await;
+                let _ = store.force_release(&name, token).await;
+            });
+        }
         match (self.kind, &mut outcome) {
             (Kind::HeartbeatToTail, AcquireOutcome::Queued { .. }) => {
                 // Leave and join again under a new inner attempt: back to the tail.
@@ -499,9 +556,6 @@ impl LockBackend for Mutant {
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
         let inner = self.inner_attempt(owner, attempt);
-        if self.kind == Kind::ForgetsSpent {
-            self.attempts.lock().unwrap().remove(&attempt);
-        }
         self.forget_first(name, attempt);
         if self.kind == Kind::SkipsHead {
             self.skip_head(name).await?;
@@ -556,9 +610,7 @@ impl LockBackend for Mutant {
             }
         }
         let inner = self.inner_attempt(owner, attempt);
-        if self.kind == Kind::ForgetsSpent {
-            self.attempts.lock().unwrap().remove(&attempt);
-        }
+        self.sent.abandoned.lock().unwrap().insert(attempt);
         self.forget_first(name, attempt);
         self.inner.abandon(name, owner, inner).await?;
         self.note_hand_over(name).await
@@ -727,6 +779,8 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::HolderNone,
         Kind::QueueBarging,
         Kind::DeadHeadBlocks,
+        Kind::ReentryShortensLease,
+        Kind::SpentReenters,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

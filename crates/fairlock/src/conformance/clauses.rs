@@ -19,8 +19,9 @@ use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
 
 /// A re-entry sets the hold's lease to the requested one from now when that is later than its
-/// current end (and never shortens it): a hold granted with a short lease and re-entered with
-/// a long one lasts the long one.
+/// current end, and never shortens it: a hold granted with a short lease and re-entered with
+/// a long one lasts the long one; re-entered again with a lease shorter than what is left, it
+/// still lasts the long one.
 pub async fn reentry_lengthens_the_lease(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "reentry_lengthens_the_lease";
     let client = support::client(&backend);
@@ -55,8 +56,30 @@ pub async fn reentry_lengthens_the_lease(backend: Arc<dyn LockBackend>) {
             .is_some_and(|h| h.token == grant.token),
         "{CHECK}: the hold must outlive its first, shorter lease: {state:?}"
     );
+    let third = AttemptId::random();
+    let brief = Duration::from_millis(50);
+    let outcome = raw_acquire_as(&backend, &name, &owner, third, brief, ttl, false).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted(g) if g.token == grant.token && g.hold_count == 3),
+        "{CHECK}: re-entry with a {brief:?} lease: {outcome:?}"
+    );
+    sleep(brief + Duration::from_millis(250)).await;
+    let other = raw_acquire(&backend, &name, &Owner::unique(), long, ttl, false).await;
+    assert_eq!(
+        other,
+        AcquireOutcome::Busy,
+        "{CHECK}: a re-entry with a {brief:?} lease must not shorten the hold's {long:?} one"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.token == grant.token && h.lease_remaining > short * 2),
+        "{CHECK}: the hold keeps the longer lease after a shorter re-entry: {state:?}"
+    );
     let lock_name = LockName::new(&name).or_fail(CHECK);
-    for attempt in [second, first] {
+    for attempt in [third, second, first] {
         backend
             .release(&lock_name, &owner, grant.token, attempt)
             .await

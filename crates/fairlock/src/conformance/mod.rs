@@ -77,7 +77,7 @@
 //! | [`lease_lost_signal`] | `extend` postpones the lost-lease signal, which fires when the lease ends |
 //! | [`dead_waiters_are_evicted`] | a waiter that stops heart-beating blocks nobody, at the head or in the middle, also of a lock whose lease ran out |
 //! | [`force_release`] | force release frees the lock, hands it to the head waiter, reports whether it was held |
-//! | [`release_by_non_owner`] | release/extend with the wrong owner or token is refused and changes nothing |
+//! | [`release_by_non_owner`] | release/extend with the wrong owner or token is refused and changes nothing; re-sent releases answer as the first did; an ended attempt's acquire changes nothing, also while its owner still holds |
 //! | [`fencing_tokens_increase`] | tokens increase across holders, expiry, force release and cleanup |
 //! | [`cancelled_waits_leave_nothing`] | waits dropped at random times leave no waiter and no hold |
 //! | [`cancel_at_grant_time_leaves_nothing`] | a wait dropped as the lock is handed to it gives the lock back |

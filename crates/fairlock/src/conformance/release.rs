@@ -234,7 +234,7 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
         // The hold is gone, but by this very release: a re-send must not report it lost.
         (inner, ReleaseOutcome::Released { remaining: 0 }),
     ];
-    for (attempt, want) in expected {
+    for (i, (attempt, want)) in expected.into_iter().enumerate() {
         let released = backend
             .release(&lock_name, &holder, token, attempt)
             .await
@@ -243,6 +243,25 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
             released, want,
             "{CHECK}: release of level {attempt} (the second time: a re-send)"
         );
+        if i == 1 {
+            // The owner still holds (the other level): a re-sent acquire of the released
+            // attempt is still that of an ended attempt, not a re-entry.
+            for queue in [false, true] {
+                let resent =
+                    raw_acquire_as(&backend, &name, &holder, outer, lease, ttl, queue).await;
+                assert_eq!(
+                    resent,
+                    AcquireOutcome::Busy,
+                    "{CHECK}: an acquire of a released attempt while its owner still holds must change nothing"
+                );
+            }
+            let state = client.state(&name).await.or_fail(CHECK);
+            assert!(
+                state.holder.as_ref().is_some_and(|h| h.hold_count == 1)
+                    && state.waiters.is_empty(),
+                "{CHECK}: a re-sent acquire of a released attempt re-entered: {state:?}"
+            );
+        }
     }
     let state = client.state(&name).await.or_fail(CHECK);
     assert!(
