@@ -63,7 +63,7 @@
 //! | [`attempts_of_one_owner_are_independent`] | one attempt's timeout never costs another attempt of the owner its place |
 //! | [`one_lease_per_hold`] | a nested guard's `extend` never shortens the hold's lease, and counts for every guard |
 //! | [`lost_grant_reply_leaves_no_level`] | a grant whose reply was lost (through [`LostReplies`]) leaves no phantom level; asked again, a granted attempt answers with the hold's current count |
-//! | [`reentry_lengthens_the_lease`] | a re-entry sets the lease from now when that is later, never shorter |
+//! | [`reentry_lengthens_the_lease`] | a re-entry sets the lease from now when that is later; one with a shorter lease leaves it as it is |
 //! | [`pending_grant_lasts_the_waiter_ttl`] | an unconfirmed hand-over ends after the waiter's TTL, not its lease; its attempt is then spent |
 //! | [`list_ignores_dead_waiters`] | `list` counts live waiters only |
 //! | [`resends_are_harmless`] | with half the requests delivered again later (through [`Resend`]), the caller getting the first copy's reply or the second's, exclusion, counts and tokens hold (two of the tasks sharing one handle), a guard held past a renewal keeps its lease, and nothing is left |
