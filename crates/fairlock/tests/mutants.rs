@@ -109,6 +109,9 @@ enum Kind {
     /// A spent attempt of an owner that holds re-enters (the re-entry is tested before the
     /// spent attempts): a re-sent acquire adds a level nobody will release.
     SpentReenters,
+    /// A heartbeat keeps the waiter's place but not its life: its deadline stays where its
+    /// first `acquire` put it, so it dies and queues again at the tail.
+    HeartbeatsDoNotRefresh,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -161,6 +164,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::DeadHeadBlocks => &["dead_waiters_are_evicted"],
         Kind::ReentryShortensLease => &["reentry_lengthens_the_lease"],
         Kind::SpentReenters => &["release_by_non_owner"],
+        Kind::HeartbeatsDoNotRefresh => &["heartbeat_keeps_place_and_grantee_confirms"],
         Kind::Faithful => &[],
     }
 }
@@ -193,6 +197,9 @@ struct Sent {
     counts: Mutex<HashMap<AttemptId, u32>>,
     released: Mutex<std::collections::HashSet<AttemptId>>,
     abandoned: Mutex<std::collections::HashSet<AttemptId>>,
+    /// When each attempt's queue entry was made (for the mutant whose heartbeats do not
+    /// move the deadline).
+    joined: Mutex<HashMap<AttemptId, tokio::time::Instant>>,
     forced: Mutex<std::collections::HashSet<u64>>,
     /// Queue entries sent to the tail under a new attempt: old inner attempt -> new one.
     moved: Mutex<HashMap<AttemptId, AttemptId>>,
@@ -234,7 +241,7 @@ impl Mutant {
     fn inner_attempt(&self, owner: &Owner, attempt: AttemptId) -> AttemptId {
         match self.kind {
             Kind::PerOwner => Self::owner_attempt(owner),
-            Kind::HeartbeatToTail => *self
+            Kind::HeartbeatToTail | Kind::HeartbeatsDoNotRefresh => *self
                 .attempts
                 .lock()
                 .unwrap()
@@ -419,6 +426,32 @@ impl LockBackend for Mutant {
             if holder.is_some_and(|h| h.owner == request.owner.as_str()) {
                 // As a fresh attempt: the store re-enters it.
                 inner.attempt = AttemptId::random();
+            }
+        }
+        if self.kind == Kind::HeartbeatsDoNotRefresh && request.queue {
+            let now = tokio::time::Instant::now();
+            let left = {
+                let mut joined = self.sent.joined.lock().unwrap();
+                let first = *joined.entry(request.attempt).or_insert(now);
+                let left = (first + request.waiter_ttl).saturating_duration_since(now);
+                if left.is_zero() {
+                    joined.insert(request.attempt, now);
+                }
+                left
+            };
+            if left.is_zero() {
+                // Dead since: this call queues it again, at the tail, with a full TTL (a new
+                // entry: the dead one is gone, whether or not the store evicted it yet).
+                self.inner
+                    .abandon(&request.name, &request.owner, inner.attempt)
+                    .await?;
+                inner.attempt = AttemptId::random();
+                self.attempts
+                    .lock()
+                    .unwrap()
+                    .insert(request.attempt, inner.attempt);
+            } else {
+                inner.waiter_ttl = left;
             }
         }
         if self.kind == Kind::SkipsHead {
@@ -781,6 +814,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::DeadHeadBlocks,
         Kind::ReentryShortensLease,
         Kind::SpentReenters,
+        Kind::HeartbeatsDoNotRefresh,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

@@ -335,7 +335,8 @@ pub(crate) async fn release_raw(
 }
 
 /// A queued attempt that calls `acquire` again (its heartbeat) keeps its place: it is not
-/// moved behind the attempts queued after it. A hand-over is confirmed by its attempt's own
+/// moved behind the attempts queued after it, and heartbeats keep it alive past its first
+/// TTL. A hand-over is confirmed by its attempt's own
 /// `acquire` (the state shows it confirmed, and it outlives the waiter's TTL), never by an
 /// `extend` of the hold, which only lengthens the lease.
 pub async fn heartbeat_keeps_place_and_grantee_confirms(backend: Arc<dyn LockBackend>) {
@@ -418,4 +419,56 @@ pub async fn heartbeat_keeps_place_and_grantee_confirms(backend: Arc<dyn LockBac
         panic!("{CHECK}: left behind: {h:?}");
     }
     support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
+    heartbeats_keep_waiters_alive(&backend, &client, CHECK).await;
+}
+
+/// Heartbeats every quarter of the TTL (1 s here: a stall of 750 ms is tolerated) keep two
+/// waiters queued for about two TTLs, in their order: each moves its waiter's deadline. (The second joins half a TTL after the first, so
+/// a store whose heartbeats left the first deadline in place would have the first die, and
+/// queue again behind the second, in a round where the second is still live.)
+async fn heartbeats_keep_waiters_alive(
+    backend: &Arc<dyn LockBackend>,
+    client: &crate::LockClient,
+    check: &str,
+) {
+    let name = support::lock_name(check);
+    let lock_name = LockName::new(&name).or_fail(check);
+    let long = Duration::from_secs(30);
+    let ttl = Duration::from_secs(1);
+    let [holder, first, second] = [Owner::unique(), Owner::unique(), Owner::unique()];
+    let AcquireOutcome::Granted(held) =
+        raw_acquire(backend, &name, &holder, long, long, false).await
+    else {
+        panic!("{check}: a fresh lock must be granted");
+    };
+    let outcome = raw_acquire(backend, &name, &first, long, ttl, true).await;
+    support::expect_queued(outcome, held.token, format!("{check}: queue"));
+    tokio::time::sleep(ttl / 2).await;
+    for round in 0..7 {
+        for waiter in [&first, &second] {
+            let outcome = raw_acquire(backend, &name, waiter, long, ttl, true).await;
+            support::expect_queued(outcome, held.token, format!("{check}: heartbeat"));
+        }
+        let state = client.state(&name).await.or_fail(check);
+        assert_eq!(
+            support::waiter_owners(&state),
+            vec![first.to_string(), second.to_string()],
+            "{check}: heartbeats every {:?} (TTL {ttl:?}) must keep both waiters queued in their places (round {round})",
+            ttl / 4
+        );
+        tokio::time::sleep(ttl / 4).await;
+    }
+    for waiter in [&first, &second] {
+        backend
+            .abandon(&lock_name, waiter, support::attempt_of(waiter))
+            .await
+            .or_fail(check);
+    }
+    release_raw(backend, &name, &holder, held.token, check).await;
+    support::wait_clean(
+        client,
+        &name,
+        format!("{check}: clean after the heartbeats"),
+    )
+    .await;
 }

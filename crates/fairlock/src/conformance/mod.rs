@@ -70,7 +70,7 @@
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
 //! | [`try_lock_never_barges`] | `try_lock` fails while held with waiters, and when a lease ran out under a live waiter; nor does a second waiter barge then |
 //! | [`hand_over`] | a release wakes the head waiter and hands it the lock (pending grant) or leaves it free for it |
-//! | [`heartbeat_keeps_place_and_grantee_confirms`] | a heartbeat keeps the waiter's place; only the grantee's `acquire` confirms a hand-over (not `extend`), which then lasts its lease |
+//! | [`heartbeat_keeps_place_and_grantee_confirms`] | a heartbeat keeps the waiter's place, and keeps it alive past its first TTL; only the grantee's `acquire` confirms a hand-over (not `extend`), which then lasts its lease |
 //! | [`wait_timeout_leaves_queue`] | `try_lock_for` times out, leaves the queue, and delays no one |
 //! | [`lease_expiry_frees_lock`] | an unrenewed lease ends the hold; the waiter proceeds, not earlier |
 //! | [`watchdog_keeps_lock`] | the watchdog keeps a lock over several leases |
