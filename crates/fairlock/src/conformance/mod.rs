@@ -8,6 +8,7 @@
 //! ```toml
 //! [dev-dependencies]
 //! fairlock = { version = "0.1", features = ["conformance"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 //! ```
 //!
 //! ```no_run
@@ -85,6 +86,12 @@
 //! | [`state_matches_reality`] | `state()` shows holder, count, token, lease and waiters as they are; `holder()` agrees |
 //! | [`list_shows_held_and_waited`] | `list(prefix)` shows held and waited locks, not free ones |
 //! | [`invalid_input_is_rejected`] | bad names, durations and waits fail with `InvalidArgument` and touch nothing |
+//! | [`instances_share_state`] | separately opened instances share their locks (run by [`run_checks`], which opens them) |
+//! | [`shared_owner_hears_grants_in_every_instance`] | an owner waiting through several instances hears of its grants in each (likewise) |
+//!
+//! Beside the suite, [`check_against_model`] runs seeded random schedules of several owners
+//! and attempts (with re-sent requests, cancellations and expiries) against a reference model
+//! of one lock, and names the first disagreement with its seed; see `docs/backends.md`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,7 +189,10 @@ pub type CheckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 
 /// One check: it runs on the backend it is given and panics on a violation.
 pub type Check = fn(Arc<dyn LockBackend>) -> CheckFuture;
 
-/// Every check of the suite, by name, as functions of the backend they run on.
+/// Every check of the suite that runs on one backend, by name, as functions of the backend
+/// they run on. Not listed: [`instances_share_state`] and
+/// [`shared_owner_hears_grants_in_every_instance`], which open instances themselves (they
+/// take an [`OpenBackend`]); [`run_checks`] runs them too.
 pub fn checks() -> Vec<(&'static str, Check)> {
     macro_rules! list {
         ($($check:ident),* $(,)?) => {
