@@ -112,6 +112,11 @@ enum Kind {
     /// A heartbeat keeps the waiter's place but not its life: its deadline stays where its
     /// first `acquire` put it, so it dies and queues again at the tail.
     HeartbeatsDoNotRefresh,
+    /// `Queued` reports a `last_token` above tokens issued later (a counter of another
+    /// scale, say): the waiter takes its own hand-over's wake-up for a stale one.
+    QueuedTokenTooHigh,
+    /// `extend` of a hold whose level is a pending hand-over confirms it.
+    ExtendConfirms,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -165,6 +170,8 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::ReentryShortensLease => &["reentry_lengthens_the_lease"],
         Kind::SpentReenters => &["release_by_non_owner"],
         Kind::HeartbeatsDoNotRefresh => &["heartbeat_keeps_place_and_grantee_confirms"],
+        Kind::QueuedTokenTooHigh => &["hand_over"],
+        Kind::ExtendConfirms => &["heartbeat_keeps_place_and_grantee_confirms"],
         Kind::Faithful => &[],
     }
 }
@@ -200,6 +207,8 @@ struct Sent {
     /// When each attempt's queue entry was made (for the mutant whose heartbeats do not
     /// move the deadline).
     joined: Mutex<HashMap<AttemptId, tokio::time::Instant>>,
+    /// Each owner's last queued attempt per lock, and what it asked for.
+    queued_by: Mutex<HashMap<(LockName, String), AcquireRequest>>,
     forced: Mutex<std::collections::HashSet<u64>>,
     /// Queue entries sent to the tail under a new attempt: old inner attempt -> new one.
     moved: Mutex<HashMap<AttemptId, AttemptId>>,
@@ -482,6 +491,12 @@ impl LockBackend for Mutant {
             false
         };
         let mut outcome = self.inner.acquire(&inner).await?;
+        if self.kind == Kind::ExtendConfirms && request.queue {
+            self.sent.queued_by.lock().unwrap().insert(
+                (request.name.clone(), request.owner.to_string()),
+                inner.clone(),
+            );
+        }
         if let (true, AcquireOutcome::Granted(grant)) = (reentering, &outcome) {
             let (store, name, token) = (Arc::clone(&self.inner), request.name.clone(), grant.token);
             let lease = request.lease;
@@ -575,7 +590,11 @@ impl LockBackend for Mutant {
                 last_token,
             } => AcquireOutcome::Queued {
                 retry_after,
-                last_token: self.token_out(last_token),
+                last_token: if self.kind == Kind::QueuedTokenTooHigh {
+                    last_token + 1000
+                } else {
+                    self.token_out(last_token)
+                },
             },
             busy => busy,
         })
@@ -624,6 +643,23 @@ impl LockBackend for Mutant {
         };
         if self.kind == Kind::ExtendIgnored {
             return Ok(true);
+        }
+        if self.kind == Kind::ExtendConfirms {
+            let holder = self.inner.inspect(name).await?.holder;
+            let queued = self
+                .sent
+                .queued_by
+                .lock()
+                .unwrap()
+                .get(&(name.clone(), owner.to_string()))
+                .cloned();
+            if let (Some(holder), Some(mut request)) = (holder, queued) {
+                if !holder.confirmed && holder.owner == owner.as_str() && holder.token == token {
+                    // Its attempt's own acquire, as if the extend had been it.
+                    request.queue = false;
+                    self.inner.acquire(&request).await?;
+                }
+            }
         }
         let extended = self
             .inner
@@ -815,6 +851,8 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::ReentryShortensLease,
         Kind::SpentReenters,
         Kind::HeartbeatsDoNotRefresh,
+        Kind::QueuedTokenTooHigh,
+        Kind::ExtendConfirms,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

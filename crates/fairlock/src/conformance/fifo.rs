@@ -205,8 +205,12 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     else {
         panic!("{CHECK}: a fresh lock must be granted");
     };
+    let mut reported = 0;
     for waiter in [&first, &second] {
         let outcome = raw_acquire(&backend, &name, waiter, lease, ttl, true).await;
+        if let AcquireOutcome::Queued { last_token, .. } = outcome {
+            reported = reported.max(last_token);
+        }
         support::expect_queued(
             outcome,
             held.token,
@@ -245,6 +249,13 @@ pub async fn hand_over(backend: Arc<dyn LockBackend>) {
     assert!(
         grant.token > held.token,
         "{CHECK}: the grantee's token must exceed the holder's"
+    );
+    // Queued's last_token is below every token issued after it (the core drops a wake-up
+    // whose token is not above it, taking it for one from before its call).
+    assert!(
+        grant.token > reported,
+        "{CHECK}: Queued reported last_token {reported}, not below the token {} granted after it",
+        grant.token
     );
     if let Some(pending) = pending {
         assert_eq!(
