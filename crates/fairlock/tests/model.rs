@@ -33,9 +33,37 @@ async fn memory_backend_agrees_with_the_model() {
     assert_eq!(memory.lock_count(), 0, "schedules left locks behind");
 }
 
+/// The contract lets `Queued.last_token` be any token between the lock's last one and its
+/// next, so a store may hand out tokens from one counter shared by every lock (as
+/// `MemoryBackend` does). With another lock granted before every acquire, its reports are
+/// above the lock's own last token: the model must accept that, and still hold them to the
+/// bounds.
+#[tokio::test(start_paused = true)]
+async fn a_token_counter_shared_by_every_lock_agrees_with_the_model() {
+    let mut backend = Stalls::new(0, Duration::ZERO);
+    backend.side_grants = true;
+    let memory = backend.inner.clone();
+    let seeds: Vec<u64> = (0..40).collect();
+    check_against_model(Arc::new(backend), config(), &seeds).await;
+    assert_eq!(memory.lock_count(), 0, "schedules left locks behind");
+}
+
+/// The bounds still hold: a store whose `Queued` replies report a `last_token` below the
+/// lock's last grant (a counter that restarted) fails the check.
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "Queued reported last token 0 after grant")]
+async fn a_last_token_below_the_last_grant_fails_the_check() {
+    let mut backend = Stalls::new(0, Duration::ZERO);
+    backend.zero_last_token = true;
+    let seeds: Vec<u64> = (0..40).collect();
+    check_against_model(Arc::new(backend), config(), &seeds).await;
+}
+
 /// `MemoryBackend`, except that the third acquire of each of the first `schedules` schedules
 /// (each on its own lock name) stalls for two units: what a loaded machine does to a
-/// real-clock run now and then.
+/// real-clock run now and then. With `side_grants`, another lock is granted and released
+/// before every acquire (tokens come from one counter for all locks); with
+/// `zero_last_token`, every `Queued` reports `last_token` 0.
 #[derive(Debug)]
 struct Stalls {
     inner: MemoryBackend,
@@ -43,6 +71,8 @@ struct Stalls {
     seen: Mutex<Vec<(LockName, u32)>>,
     schedules: usize,
     stall: Duration,
+    side_grants: bool,
+    zero_last_token: bool,
 }
 
 impl Stalls {
@@ -52,6 +82,8 @@ impl Stalls {
             seen: Mutex::new(Vec::new()),
             schedules,
             stall,
+            side_grants: false,
+            zero_last_token: false,
         }
     }
 
@@ -78,7 +110,29 @@ impl Stalls {
 impl LockBackend for Stalls {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
         self.maybe_stall(&request.name).await;
-        self.inner.acquire(request).await
+        if self.side_grants {
+            let side = AcquireRequest {
+                name: LockName::new("model-side-lock").unwrap(),
+                owner: Owner::unique(),
+                attempt: AttemptId::random(),
+                queue: false,
+                ..request.clone()
+            };
+            if let AcquireOutcome::Granted(grant) = self.inner.acquire(&side).await? {
+                self.inner
+                    .release(&side.name, &side.owner, grant.token, side.attempt)
+                    .await?;
+            }
+        }
+        match self.inner.acquire(request).await? {
+            AcquireOutcome::Queued { retry_after, .. } if self.zero_last_token => {
+                Ok(AcquireOutcome::Queued {
+                    retry_after,
+                    last_token: 0,
+                })
+            }
+            outcome => Ok(outcome),
+        }
     }
 
     async fn release(

@@ -477,6 +477,9 @@ struct Schedule {
     attempts: BTreeMap<AttemptId, (usize, Known)>,
     /// Backend tokens by grant number.
     tokens: BTreeMap<u64, u64>,
+    /// Each `Queued` reply's `last_token`, with the number of grants the model had made
+    /// then: it must be at least the token of that grant and below every later one.
+    reported: Vec<(u64, u64)>,
     /// Every request sent, with when.
     history: Vec<(Time, Request)>,
     /// Attempts the client side ended (released or abandoned).
@@ -511,6 +514,7 @@ impl Schedule {
             },
             attempts: BTreeMap::new(),
             tokens: BTreeMap::new(),
+            reported: Vec::new(),
             history: Vec::new(),
             ended: HashSet::new(),
             log: Vec::new(),
@@ -571,7 +575,33 @@ impl Schedule {
                     ));
                 }
                 self.tokens.insert(grant, token);
+                for &(after, reported) in &self.reported.clone() {
+                    self.within_report(after, reported, grant, token);
+                }
             }
+        }
+    }
+
+    /// Records a `Queued` reply's `last_token`, made when the lock's last grant was number
+    /// `after` (0: none yet). The contract allows any token from that grant's up to, not
+    /// including, the next grant's (a store may count tokens across all its locks).
+    fn report(&mut self, after: u64, reported: u64) {
+        for (&grant, &token) in &self.tokens.clone() {
+            self.within_report(after, reported, grant, token);
+        }
+        self.reported.push((after, reported));
+    }
+
+    fn within_report(&self, after: u64, reported: u64, grant: u64, token: u64) {
+        if grant <= after && token > reported {
+            self.fail(format!(
+                "Queued reported last token {reported} after grant #{after}, below grant #{grant}'s token {token}"
+            ));
+        }
+        if grant > after && token <= reported {
+            self.fail(format!(
+                "Queued reported last token {reported} after grant #{after}, not below the later grant #{grant}'s token {token}"
+            ));
         }
     }
 
@@ -677,22 +707,17 @@ impl Schedule {
                 *grant = *want;
             }
             (
-                Reply::Queued { last_grant, .. },
+                Reply::Queued { last_grant, hinted },
                 Reply::Queued {
-                    last_grant: want, ..
+                    last_grant: want,
+                    hinted: want_hint,
                 },
                 Some(token),
             ) => {
-                if *want == 0 {
-                    if token != 0 && !self.tokens.is_empty() {
-                        self.fail(format!(
-                            "Queued reports last token {token} before any grant"
-                        ));
-                    }
-                } else {
-                    self.learn(*want, token);
-                }
+                self.report(*want, token);
                 *last_grant = *want;
+                // `retry_after` is a SHOULD of the contract: not held against a backend.
+                *hinted = *want_hint;
             }
             _ => {}
         }
