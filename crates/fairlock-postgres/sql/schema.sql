@@ -121,6 +121,14 @@ RETURNS @schema@.locks LANGUAGE plpgsql AS $$
 DECLARE
     l @schema@.locks;
 BEGIN
+    -- Every read after the row lock must see what committed before it: under REPEATABLE READ
+    -- it would read the snapshot from before the wait, and could miss a change made meanwhile
+    -- (an abandon that spent the attempt). SERIALIZABLE aborts such a pair instead.
+    IF current_setting('transaction_isolation') = 'repeatable read' THEN
+        RAISE EXCEPTION 'fairlock needs READ COMMITTED (or SERIALIZABLE), not REPEATABLE READ'
+            USING ERRCODE = 'invalid_transaction_state',
+                  HINT = 'set default_transaction_isolation for fairlock''s sessions';
+    END IF;
     LOOP
         SELECT * INTO l FROM @schema@.locks WHERE name = p_name FOR UPDATE;
         IF FOUND OR NOT p_create THEN

@@ -122,6 +122,13 @@ impl PostgresBackendBuilder {
         // A half-open listening connection is noticed within about a minute.
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(30));
+        // The functions need READ COMMITTED (see `_lock_row`): the sessions this builder makes
+        // run it whatever the database's default, unless the URL's options say otherwise.
+        let options = config.get_options().unwrap_or_default();
+        if !options.contains("default_transaction_isolation") {
+            let options = format!("{options} -c default_transaction_isolation=read\\ committed");
+            config.options(options.trim_start().to_owned());
+        }
         let manager = Manager::from_config(
             config.clone(),
             NoTls,

@@ -32,6 +32,18 @@ pub(crate) fn map(error: tokio_postgres::Error, context: Context<'_>) -> Error {
                 ),
             };
         }
+        if *code == SqlState::INVALID_TRANSACTION_STATE {
+            // The functions' own refusal of an isolation level they cannot run under.
+            return Error::Backend {
+                backend: BACKEND,
+                source: format!(
+                    "{} ({})",
+                    db.message(),
+                    db.hint().unwrap_or("see docs/postgres.md")
+                )
+                .into(),
+            };
+        }
         if *code == SqlState::INSUFFICIENT_PRIVILEGE {
             return Error::Backend {
                 backend: BACKEND,

@@ -119,6 +119,50 @@ async fn a_pool_with_no_connection_free_keeps_operations_bounded() {
     backend.inspect(&name()).await.unwrap();
 }
 
+/// The functions need READ COMMITTED: under REPEATABLE READ a read after the row lock sees
+/// the snapshot from before the wait, and can miss a change committed meanwhile (an abandon
+/// that spent the attempt, re-queued by a re-sent acquire). With the database's default set
+/// to REPEATABLE READ, the builder's sessions still run READ COMMITTED and work; sessions of
+/// a caller's pool at that default get a clear error, not a lock that may break.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_sessions_are_refused_and_the_builders_run_read_committed() {
+    use fairlock_postgres::{deadpool_postgres, tokio_postgres};
+    let server = Server::start();
+    let database = server.psql("SELECT current_database()");
+    server.psql(&format!(
+        "ALTER DATABASE \"{database}\" SET default_transaction_isolation TO 'repeatable read'"
+    ));
+    let backend = server.backend().await;
+    let lock = name();
+    let holder = owner("holder");
+    let first = request(&lock, &holder, false);
+    let granted = backend.acquire(&first).await.unwrap();
+    let AcquireOutcome::Granted(grant) = granted else {
+        panic!("{granted:?}");
+    };
+    let released = backend
+        .release(&lock, &holder, grant.token, first.attempt)
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
+
+    let config: tokio_postgres::Config = server.url().parse().unwrap();
+    let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .unwrap();
+    let theirs = PostgresBackend::from_pool(pool, config, "fairlock")
+        .await
+        .unwrap();
+    let refused = theirs.acquire(&request(&lock, &holder, false)).await;
+    assert!(
+        matches!(&refused, Err(Error::Backend { source, .. }) if source.to_string().contains("READ COMMITTED")),
+        "{refused:?}"
+    );
+    assert!(backend.inspect(&lock).await.unwrap().holder.is_none());
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable() {
     let port = fairlock_testsupport::free_port().unwrap();
