@@ -60,6 +60,53 @@ pub(crate) async fn pooled(
     }
 }
 
+/// How long the background cancel of a statement given up may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled connection whose statement may still be running. If it is dropped before
+/// [`done`](Self::done) (the caller's future was dropped, or the statement ran out of its
+/// time), the connection leaves the pool and closes, and the server is asked to cancel the
+/// statement: one waiting for a row lock would not notice the closed socket, and would run
+/// on with a session of its own (and, left in the pool, the next call on it would wait
+/// behind it).
+struct InFlight(Option<Object>);
+
+impl InFlight {
+    fn client(&self) -> &Object {
+        self.0.as_ref().expect("taken only by done or drop")
+    }
+
+    /// The statement was answered: the connection goes back to the pool.
+    fn done(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let Some(client) = self.0.take() else { return };
+        let cancel = client.cancel_token();
+        drop(Object::take(client));
+        // Best effort, in the background (a pool of the caller's may need TLS, which this
+        // plain cancel request lacks: the statement then runs on until it ends).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let cancelled = tokio::time::timeout(
+                    CANCEL_TIMEOUT,
+                    cancel.cancel_query(tokio_postgres::NoTls),
+                )
+                .await;
+                if !matches!(cancelled, Ok(Ok(()))) {
+                    tracing::debug!(
+                        ?cancelled,
+                        "fairlock-postgres: could not cancel a statement given up"
+                    );
+                }
+            });
+        }
+    }
+}
+
 /// Whether the error says fairlock's functions or tables are missing (someone dropped the
 /// schema): they are created again and the call is retried once.
 fn is_missing_schema(error: &tokio_postgres::Error) -> bool {
@@ -90,26 +137,32 @@ impl PostgresBackend {
         lock: Option<&str>,
     ) -> Result<Vec<Row>> {
         let context = self.context(lock);
-        let client = pooled(&self.inner.pool, self.inner.connect_timeout, context).await?;
+        let mut in_flight = InFlight(Some(
+            pooled(&self.inner.pool, self.inner.connect_timeout, context).await?,
+        ));
+        let client = in_flight.client();
         let mut outcome =
-            tokio::time::timeout(OPERATION_TIMEOUT, Self::query(&client, query, params)).await;
+            tokio::time::timeout(OPERATION_TIMEOUT, Self::query(client, query, params)).await;
         if matches!(&outcome, Ok(Err(error)) if is_missing_schema(error)) {
             tracing::warn!(schema = %self.inner.sql.schema, "fairlock-postgres: the schema is missing; creating it again");
             client.statement_cache.clear();
             // Within the same bound: the install waits for any other installer (an advisory
             // lock), which may be stuck.
             let reinstalled = async {
-                self.inner.sql.install(&client, true).await?;
-                Self::query(&client, query, params).await
+                self.inner.sql.install(client, true).await?;
+                Self::query(client, query, params).await
             };
             outcome = tokio::time::timeout(OPERATION_TIMEOUT, reinstalled).await;
         }
         match outcome {
-            Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(error)) => Err(error::map(error, context)),
+            Ok(result) => {
+                // Answered: the connection is free for the next call.
+                in_flight.done();
+                result.map_err(|error| error::map(error, context))
+            }
             Err(_elapsed) => {
-                // The connection may be stuck: take it out of the pool (it closes).
-                drop(Object::take(client));
+                // The statement may be stuck (a row lock): `in_flight` cancels it.
+                drop(in_flight);
                 Err(error::unavailable(
                     context.endpoint,
                     format!("no reply within {OPERATION_TIMEOUT:?}"),

@@ -163,6 +163,96 @@ async fn repeatable_read_sessions_are_refused_and_the_builders_run_read_committe
     assert!(backend.inspect(&lock).await.unwrap().holder.is_none());
 }
 
+/// fairlock sessions waiting on a row lock (the statements a stall leaves behind).
+fn fairlock_sessions_waiting(server: &Server) -> u64 {
+    count(
+        server,
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE application_name = 'fairlock' AND wait_event_type = 'Lock'",
+    )
+}
+
+/// A statement the caller stopped waiting for (the 10 s operation bound passed, or the
+/// caller's future was dropped) is cancelled on the server, not left waiting on a row lock
+/// with a session of its own: during a stall, each retry would leave another. (A session
+/// outside fairlock holds the lock's row.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_given_up_are_cancelled_on_the_server() {
+    use fairlock_postgres::tokio_postgres;
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let holder = owner("holder");
+    let first = request(&lock, &holder, false);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&first).await.unwrap() else {
+        panic!("a fresh lock is granted");
+    };
+    let (blocker, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM fairlock.locks WHERE name = '{lock}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+
+    // A call dropped while it waits.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        backend.acquire(&request(&lock, &owner("dropped"), true)),
+    )
+    .await;
+    assert!(dropped.is_err(), "{dropped:?}");
+    let mut waiting = u64::MAX;
+    for _ in 0..50 {
+        waiting = fairlock_sessions_waiting(&server);
+        if waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        waiting, 0,
+        "a dropped call's statement still waits on the server"
+    );
+
+    // A call that runs out of its 10 s.
+    let started = Instant::now();
+    let timed_out = backend
+        .release(&lock, &holder, grant.token, first.attempt)
+        .await;
+    assert!(
+        matches!(timed_out, Err(Error::Unavailable { .. })),
+        "{timed_out:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut waiting = u64::MAX;
+    for _ in 0..50 {
+        waiting = fairlock_sessions_waiting(&server);
+        if waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        waiting, 0,
+        "a timed-out call's statement still waits on the server"
+    );
+
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    let released = backend
+        .release(&lock, &holder, grant.token, first.attempt)
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable() {
     let port = fairlock_testsupport::free_port().unwrap();
