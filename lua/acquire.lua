@@ -182,7 +182,10 @@ end
 expire_queue_keys(deadline)
 tidy()
 
-local last_token = fence.token or '0'
+-- Without F's token (F was lost: evicted, or a restart without persistence), tokens are
+-- floored by the clock (next_token), so every earlier one is below now and every later one
+-- above the microsecond before it.
+local last_token = fence.token or int(now_us - 1)
 if head_unknown and not hold then
   -- Free, but the dead in front are not all cleared: ask again at once to clear more.
   return 'Q 0 ' .. last_token

@@ -194,3 +194,33 @@ async fn a_first_grant_stays_spent_after_the_next_grant() {
         still_spent(&backend, &request, &format!("forced: {forced}")).await;
     }
 }
+
+/// `Queued` reports a token at least as high as every token issued for the lock, also when the
+/// fence hash was lost (evicted, or a restart without persistence) while the lock was held:
+/// the clock, which floors every token, stands in for the lost one. (It reported 0, below the
+/// holder's token: a stale hand-over would have looked fresh.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_fence_hash_does_not_lower_the_last_token() {
+    use fairlock::backend::{AcquireOutcome, LockBackend};
+    let server = Server::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let lock = common::name();
+    let holding = common::request(&lock, &common::owner("holder"), true);
+    let grant = common::granted(&backend, &holding).await;
+    let deleted = server.cli(&["DEL", &format!("fairlock:{{{lock}}}:f")]);
+    assert_eq!(deleted, "1");
+    let joining = common::request(&lock, &common::owner("waiter"), true);
+    let outcome = backend.acquire(&joining).await.unwrap();
+    let AcquireOutcome::Queued { last_token, .. } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        last_token >= grant.token,
+        "Queued reported {last_token}, below the holder's token {}",
+        grant.token
+    );
+    backend
+        .abandon(&lock, &joining.owner, joining.attempt)
+        .await
+        .unwrap();
+}
