@@ -44,12 +44,23 @@ pub(crate) struct Hold {
     /// lease later than that and never shortens it, so as long as the two clocks run at the
     /// same rate this is on the safe side, and no timestamp crosses between them.
     deadline: watch::Sender<Instant>,
-    /// How many live guards of this hold want the watchdog.
-    watchdogs: watch::Sender<usize>,
+    /// How many live guards of this hold want the watchdog, and at what pace.
+    watchdogs: watch::Sender<Watchdogs>,
     keeper: Mutex<Option<DeferredTask>>,
     /// When this process first held it, for `fairlock_hold_seconds`.
     since: Instant,
     meter: Meter,
+}
+
+/// The guards of a hold that want the watchdog.
+#[derive(Clone, Copy, Debug)]
+struct Watchdogs {
+    /// How many are live.
+    count: usize,
+    /// The shortest watchdog lease any of them asked for (kept when it leaves: renewing more
+    /// often than needed is harmless); `MAX_DURATION` until one asks. Guards of one owner may come from handles with other
+    /// options than the one that made the hold.
+    lease: Duration,
 }
 
 impl Holds {
@@ -81,9 +92,10 @@ impl Holds {
             } else {
                 if watchdog {
                     let mut first = false;
-                    hold.watchdogs.send_modify(|n| {
-                        first = *n == 0;
-                        *n += 1;
+                    hold.watchdogs.send_modify(|w| {
+                        first = w.count == 0;
+                        w.count += 1;
+                        w.lease = w.lease.min(shared.options.watchdog_lease);
                     });
                     if first {
                         // Renewals start now: a keeper not started yet must be by the first.
@@ -103,7 +115,15 @@ impl Holds {
             key: key.clone(),
             lost: watch::Sender::new(false),
             deadline: watch::Sender::new(until),
-            watchdogs: watch::Sender::new(usize::from(watchdog)),
+            watchdogs: watch::Sender::new(Watchdogs {
+                count: usize::from(watchdog),
+                // A fixed-lease guard's watchdog lease is not one anyone asked to renew with.
+                lease: if watchdog {
+                    shared.options.watchdog_lease
+                } else {
+                    crate::MAX_DURATION
+                },
+            }),
             keeper: Mutex::new(None),
             since: Instant::now(),
             meter: shared.meter.clone(),
@@ -209,7 +229,8 @@ impl Hold {
 
     /// A guard with the watchdog is gone.
     pub(crate) fn watchdog_left(&self) {
-        self.watchdogs.send_modify(|n| *n = n.saturating_sub(1));
+        self.watchdogs
+            .send_modify(|w| w.count = w.count.saturating_sub(1));
     }
 }
 
@@ -290,20 +311,23 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
     let mut deadline_rx = strong.deadline.subscribe();
     let mut watchdogs_rx = strong.watchdogs.subscribe();
     drop(strong);
-    let watchdog_lease = shared.options.watchdog_lease;
     let mut next_renewal: Option<Instant> = None;
     let mut renewing = false;
     let mut first_pass = true;
     loop {
         let deadline = *deadline_rx.borrow_and_update();
-        let wanted = *watchdogs_rx.borrow_and_update() > 0;
+        let watchdogs = *watchdogs_rx.borrow_and_update();
+        let wanted = watchdogs.count > 0;
+        let watchdog_lease = watchdogs.lease;
         if wanted && !renewing {
-            // At first, the renewal planned with the hold; later, a guard wanting the
-            // watchdog joined a hold whose guards had none, and renewals start from now.
+            // At first, the renewal planned with the hold (sooner if a guard joined since
+            // with a shorter watchdog lease); later, a guard wanting the watchdog joined a hold
+            // whose guards had none, and renewals start from now.
+            let from_now = Instant::now() + watchdog_lease / 3;
             let at = if first_pass {
-                first_renewal
+                first_renewal.min(from_now)
             } else {
-                Instant::now() + watchdog_lease / 3
+                from_now
             };
             next_renewal = Some(next_renewal.map_or(at, |n| n.min(at)));
         } else if !wanted && renewing {

@@ -617,6 +617,38 @@ async fn a_hand_over_released_in_time_is_not_lost_for_a_slow_reply() {
     assert!(released.is_ok(), "{released:?}");
 }
 
+/// A guard with the watchdog that joins a hold made by a fixed-lease handle of the same owner
+/// (whose own watchdog lease is 5 minutes) is renewed at its own pace: the hold's keeper was
+/// made with the first handle's options, and renewed first after 100 s, long after the 30 s
+/// the re-entry's lease gave: the watchdog guard lost the lock while alive.
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_guard_joining_a_fixed_lease_hold_is_renewed() {
+    let client = LockClient::new(MemoryBackend::new());
+    let owner = Owner::unique();
+    let fixed = client
+        .fair_lock_as("x", owner.clone())
+        .unwrap()
+        .with_options(
+            LockOptions::default()
+                .with_lease(Duration::from_secs(2))
+                .with_watchdog_lease(Duration::from_secs(300)),
+        )
+        .unwrap();
+    let watched = client.fair_lock_as("x", owner).unwrap();
+    let first = fixed.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = watched.lock().await.unwrap();
+    assert_eq!(second.hold_count(), 2);
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert!(
+        !second.is_lease_lost(),
+        "the watchdog guard lost its lease while alive"
+    );
+    assert!(second.is_held().await.unwrap());
+    drop(first);
+    second.unlock().await.unwrap();
+}
+
 /// `unlock()` during a store outage shorter than the outage budget (a failover of a few
 /// seconds) waits for the store and releases, instead of giving up after a few quick retries
 /// (about 0.75 s) and reporting the outage.
