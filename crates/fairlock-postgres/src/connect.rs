@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
 
@@ -122,13 +122,6 @@ impl PostgresBackendBuilder {
         // A half-open listening connection is noticed within about a minute.
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(30));
-        // The functions need READ COMMITTED (see `_lock_row`): the sessions this builder makes
-        // run it whatever the database's default, unless the URL's options say otherwise.
-        let options = config.get_options().unwrap_or_default();
-        if !options.contains("default_transaction_isolation") {
-            let options = format!("{options} -c default_transaction_isolation=read\\ committed");
-            config.options(options.trim_start().to_owned());
-        }
         let manager = Manager::from_config(
             config.clone(),
             NoTls,
@@ -141,6 +134,17 @@ impl PostgresBackendBuilder {
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(self.connect_timeout))
             .create_timeout(Some(self.connect_timeout))
+            // The functions need READ COMMITTED (see `_lock_row`): the pool's sessions run it
+            // whatever the database's default. A SET rather than a startup option, which
+            // poolers such as PgBouncer refuse unless told to ignore it.
+            .post_create(Hook::async_fn(|client, _| {
+                Box::pin(async move {
+                    client
+                        .batch_execute("SET default_transaction_isolation = 'read committed'")
+                        .await
+                        .map_err(HookError::Backend)
+                })
+            }))
             .build()
             .map_err(|error| error::unavailable(&endpoint(&config), error.to_string()))?;
         build(
