@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fairlock::backend::{
-    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, LockBackend, LockState, LockSummary,
-    ReleaseOutcome, Watch,
+    AcquireOutcome, AcquireRequest, AttemptId, Capabilities, HolderState, LockBackend, LockState,
+    LockSummary, ReleaseOutcome, Watch,
 };
 use fairlock::{LockClient, LockName, MemoryBackend, Owner, Result};
 use tokio::time::{sleep, Instant};
@@ -91,6 +91,11 @@ impl<B: LockBackend> LockBackend for Traced<B> {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await // reads are not printed
+    }
+
+    // Forwarded, so the inner store's own (cheaper) answer is kept.
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        self.inner.holder(name).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {

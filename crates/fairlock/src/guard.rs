@@ -401,7 +401,7 @@ impl LockGuard {
             confirming.abort();
         }
         if self.shared.options.lease.is_none() {
-            self.hold.watchdog_left();
+            self.hold.watchdog_left(self.shared.options.watchdog_lease);
         }
         self.shared.meter.guards(-1.0);
         Release {

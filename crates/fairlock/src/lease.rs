@@ -52,15 +52,30 @@ pub(crate) struct Hold {
     meter: Meter,
 }
 
-/// The guards of a hold that want the watchdog.
-#[derive(Clone, Copy, Debug)]
-struct Watchdogs {
-    /// How many are live.
-    count: usize,
-    /// The shortest watchdog lease any of them asked for (kept when it leaves: renewing more
-    /// often than needed is harmless); `MAX_DURATION` until one asks. Guards of one owner may come from handles with other
-    /// options than the one that made the hold.
-    lease: Duration,
+/// The live guards of a hold that want the watchdog, by the watchdog lease each asked for:
+/// guards of one owner may come from handles with other options than the one that made the
+/// hold. The hold is renewed with the shortest of the live guards' leases, at a third of it.
+#[derive(Clone, Debug, Default)]
+struct Watchdogs(std::collections::BTreeMap<Duration, usize>);
+
+impl Watchdogs {
+    fn joined(&mut self, lease: Duration) {
+        *self.0.entry(lease).or_default() += 1;
+    }
+
+    fn left(&mut self, lease: Duration) {
+        if let Some(count) = self.0.get_mut(&lease) {
+            *count -= 1;
+            if *count == 0 {
+                self.0.remove(&lease);
+            }
+        }
+    }
+
+    /// The lease to renew with, while any guard wants the watchdog.
+    fn lease(&self) -> Option<Duration> {
+        self.0.keys().next().copied()
+    }
 }
 
 impl Holds {
@@ -93,9 +108,8 @@ impl Holds {
                 if watchdog {
                     let mut first = false;
                     hold.watchdogs.send_modify(|w| {
-                        first = w.count == 0;
-                        w.count += 1;
-                        w.lease = w.lease.min(shared.options.watchdog_lease);
+                        first = w.lease().is_none();
+                        w.joined(shared.options.watchdog_lease);
                     });
                     if first {
                         // Renewals start now: a keeper not started yet must be by the first.
@@ -115,14 +129,12 @@ impl Holds {
             key: key.clone(),
             lost: watch::Sender::new(false),
             deadline: watch::Sender::new(until),
-            watchdogs: watch::Sender::new(Watchdogs {
-                count: usize::from(watchdog),
-                // A fixed-lease guard's watchdog lease is not one anyone asked to renew with.
-                lease: if watchdog {
-                    shared.options.watchdog_lease
-                } else {
-                    crate::MAX_DURATION
-                },
+            watchdogs: watch::Sender::new({
+                let mut watchdogs = Watchdogs::default();
+                if watchdog {
+                    watchdogs.joined(shared.options.watchdog_lease);
+                }
+                watchdogs
             }),
             keeper: Mutex::new(None),
             since: Instant::now(),
@@ -227,10 +239,9 @@ impl Hold {
         self.lost.subscribe()
     }
 
-    /// A guard with the watchdog is gone.
-    pub(crate) fn watchdog_left(&self) {
-        self.watchdogs
-            .send_modify(|w| w.count = w.count.saturating_sub(1));
+    /// A guard with the watchdog (of this watchdog lease) is gone.
+    pub(crate) fn watchdog_left(&self, lease: Duration) {
+        self.watchdogs.send_modify(|w| w.left(lease));
     }
 }
 
@@ -316,9 +327,10 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
     let mut first_pass = true;
     loop {
         let deadline = *deadline_rx.borrow_and_update();
-        let watchdogs = *watchdogs_rx.borrow_and_update();
-        let wanted = watchdogs.count > 0;
-        let watchdog_lease = watchdogs.lease;
+        let lease = watchdogs_rx.borrow_and_update().lease();
+        let wanted = lease.is_some();
+        // Unused while nobody wants the watchdog.
+        let watchdog_lease = lease.unwrap_or(shared.options.watchdog_lease);
         if wanted && !renewing {
             // At first, the renewal planned with the hold (sooner if a guard joined since
             // with a shorter watchdog lease); later, a guard wanting the watchdog joined a hold

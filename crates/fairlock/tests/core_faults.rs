@@ -649,6 +649,34 @@ async fn a_watchdog_guard_joining_a_fixed_lease_hold_is_renewed() {
     second.unlock().await.unwrap();
 }
 
+/// And once such a guard is gone, the hold is renewed with the lease the guards left ask for
+/// again: a 30 s watchdog guard that came and went does not leave a 5-minute one renewed with
+/// 30 s leases (an outage it was set to ride out would then end the lease).
+#[tokio::test(start_paused = true)]
+async fn a_hold_renews_with_the_watchdog_lease_of_the_guards_left() {
+    let client = LockClient::new(MemoryBackend::new());
+    let owner = Owner::unique();
+    let long = client
+        .fair_lock_as("x", owner.clone())
+        .unwrap()
+        .with_options(LockOptions::default().with_watchdog_lease(Duration::from_secs(300)))
+        .unwrap();
+    let short = client.fair_lock_as("x", owner).unwrap();
+    let first = long.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    short.lock().await.unwrap().unlock().await.unwrap();
+    // Past the end of the first lease (renewals never shorten it): 400 s.
+    tokio::time::sleep(Duration::from_secs(399)).await;
+    let stored = client.state("x").await.unwrap().holder.unwrap();
+    assert!(
+        stored.lease_remaining > Duration::from_secs(150),
+        "renewed with {:?} left, not the 300 s the guard left asks for",
+        stored.lease_remaining
+    );
+    assert!(!first.is_lease_lost());
+    first.unlock().await.unwrap();
+}
+
 /// `unlock()` during a store outage shorter than the outage budget (a failover of a few
 /// seconds) waits for the store and releases, instead of giving up after a few quick retries
 /// (about 0.75 s) and reporting the outage.

@@ -104,9 +104,10 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
     )
     .await;
 
-    // At the head of a lock whose lease ran out.
+    // At the head of a lock whose lease ran out (1 s: the dead waiter must queue before it
+    // does, a round trip or two away, on a slow store too).
     let name = support::lock_name(CHECK);
-    let lease = Duration::from_millis(300);
+    let lease = Duration::from_secs(1);
     let expiring = support::fixed_lease_client(&backend, lease)
         .fair_lock(&name)
         .or_fail(CHECK)
