@@ -172,6 +172,19 @@ fn fairlock_sessions_waiting(server: &Server) -> u64 {
     )
 }
 
+/// Waits up to 5 s for no fairlock session to wait on a row lock.
+async fn no_fairlock_session_waits(server: &Server, what: &str) {
+    let mut waiting = u64::MAX;
+    for _ in 0..50 {
+        waiting = fairlock_sessions_waiting(server);
+        if waiting == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} still waits on the server ({waiting} sessions)");
+}
+
 /// A statement the caller stopped waiting for (the 10 s operation bound passed, or the
 /// caller's future was dropped) is cancelled on the server, not left waiting on a row lock
 /// with a session of its own: during a stall, each retry would leave another. (A session
@@ -205,18 +218,7 @@ async fn statements_given_up_are_cancelled_on_the_server() {
     )
     .await;
     assert!(dropped.is_err(), "{dropped:?}");
-    let mut waiting = u64::MAX;
-    for _ in 0..50 {
-        waiting = fairlock_sessions_waiting(&server);
-        if waiting == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        waiting, 0,
-        "a dropped call's statement still waits on the server"
-    );
+    no_fairlock_session_waits(&server, "a dropped call's statement").await;
 
     // A call that runs out of its 10 s.
     let started = Instant::now();
@@ -232,18 +234,7 @@ async fn statements_given_up_are_cancelled_on_the_server() {
         "{:?}",
         started.elapsed()
     );
-    let mut waiting = u64::MAX;
-    for _ in 0..50 {
-        waiting = fairlock_sessions_waiting(&server);
-        if waiting == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        waiting, 0,
-        "a timed-out call's statement still waits on the server"
-    );
+    no_fairlock_session_waits(&server, "a timed-out call's statement").await;
 
     blocker.batch_execute("ROLLBACK").await.unwrap();
     let released = backend
