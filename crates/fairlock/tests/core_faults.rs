@@ -486,6 +486,12 @@ async fn a_late_grant_found_by_a_retry_is_renewed_before_use() {
     guard.unlock().await.unwrap();
 }
 
+/// Lock "x" of a new owner with a fixed `lease`, never renewed.
+async fn held_for(client: &LockClient, lease: Duration) -> LockGuard {
+    let lock = client.fair_lock("x").unwrap().with_lease(lease).unwrap();
+    lock.lock().await.unwrap()
+}
+
 /// A queueing call fails, and the link delivers it late, after the retry that queued the
 /// attempt: it is the call that grants (the lock fell free meanwhile), and the next heartbeat
 /// only finds that grant, without lengthening its lease. The guard must count the lease from
@@ -497,14 +503,7 @@ async fn a_grant_made_by_a_late_delivered_call_counts_from_that_call() {
     let start = tokio::time::Instant::now();
     // Held until 10 s (never renewed), a dead waiter at the head until 11 s: the queued
     // attempt is told no time to come back, and heart-beats every second.
-    let held = client
-        .fair_lock("x")
-        .unwrap()
-        .with_lease(Duration::from_secs(10))
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
+    let held = held_for(&client, Duration::from_secs(10)).await;
     let dead = AcquireRequest {
         name: LockName::new("x").unwrap(),
         owner: Owner::unique(),
@@ -552,14 +551,7 @@ async fn a_grant_made_by_a_late_delivered_call_counts_from_that_call() {
 async fn a_hand_over_confirmed_by_a_late_delivered_call_counts_from_that_call() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
-    let held = client
-        .fair_lock("x")
-        .unwrap()
-        .with_lease(Duration::from_secs(10))
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
+    let held = held_for(&client, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let waiter = client
         .fair_lock("x")

@@ -304,6 +304,20 @@ impl Mutant {
         Ok(())
     }
 
+    /// Ends `inner`'s queue entry and gives `request`'s attempt a new inner one, whose next
+    /// `acquire` queues at the tail (for the mutants that move waiters back).
+    async fn to_tail(&self, request: &AcquireRequest, inner: &mut AcquireRequest) -> Result<()> {
+        self.inner
+            .abandon(&request.name, &request.owner, inner.attempt)
+            .await?;
+        inner.attempt = AttemptId::random();
+        self.attempts
+            .lock()
+            .unwrap()
+            .insert(request.attempt, inner.attempt);
+        Ok(())
+    }
+
     /// `attempt` ended: it no longer stands first (for the mutant whose first waiter blocks).
     fn forget_first(&self, name: &LockName, attempt: AttemptId) {
         let mut first = self.sent.first_queued.lock().unwrap();
@@ -451,14 +465,7 @@ impl LockBackend for Mutant {
             if left.is_zero() {
                 // Dead since: this call queues it again, at the tail, with a full TTL (a new
                 // entry: the dead one is gone, whether or not the store evicted it yet).
-                self.inner
-                    .abandon(&request.name, &request.owner, inner.attempt)
-                    .await?;
-                inner.attempt = AttemptId::random();
-                self.attempts
-                    .lock()
-                    .unwrap()
-                    .insert(request.attempt, inner.attempt);
+                self.to_tail(request, &mut inner).await?;
             } else {
                 inner.waiter_ttl = left;
             }
@@ -508,14 +515,7 @@ impl LockBackend for Mutant {
         match (self.kind, &mut outcome) {
             (Kind::HeartbeatToTail, AcquireOutcome::Queued { .. }) => {
                 // Leave and join again under a new inner attempt: back to the tail.
-                self.inner
-                    .abandon(&request.name, &request.owner, inner.attempt)
-                    .await?;
-                inner.attempt = AttemptId::random();
-                self.attempts
-                    .lock()
-                    .unwrap()
-                    .insert(request.attempt, inner.attempt);
+                self.to_tail(request, &mut inner).await?;
                 outcome = self.inner.acquire(&inner).await?;
             }
             (Kind::QueueBarging, AcquireOutcome::Queued { .. }) if request.queue => {
