@@ -293,11 +293,12 @@ BEGIN
 END $$;
 
 -- Bounded clean-up, the last step of every mutating function (step 3 of the locking order):
--- up to 8 spent-attempt records past their horizon; up to 8 expired queue entries of one
--- other lock (so a queue whose waiters died leaves nothing, even if nobody touches that lock
--- again); and up to 2 locks' rows past gc_after (idle for the fence margin; any expired
--- waiters left go with them). SKIP LOCKED: it never waits for anyone, so it cannot close a
--- cycle of waits; and it touches another lock's queue only while holding that lock's row.
+-- up to 8 spent-attempt records past their horizon; up to 2 force-release records past
+-- theirs; up to 8 expired queue entries of one lock, the one with the oldest dead entry, the
+-- caller's own included (so a queue whose waiters died leaves nothing, even if nobody touches
+-- that lock again); and up to 2 other locks' rows past gc_after (idle for the fence margin;
+-- any expired waiters left go with them). SKIP LOCKED: it never waits for anyone, so it
+-- cannot close a cycle of waits; and it touches a lock's queue only while holding its row.
 CREATE OR REPLACE FUNCTION @schema@._gc(p_name text, v_now timestamptz)
 RETURNS void LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
 DECLARE
