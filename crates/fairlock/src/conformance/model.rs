@@ -575,7 +575,7 @@ impl Schedule {
                     ));
                 }
                 self.tokens.insert(grant, token);
-                for &(after, reported) in &self.reported.clone() {
+                for &(after, reported) in &self.reported {
                     self.within_report(after, reported, grant, token);
                 }
             }
@@ -586,7 +586,7 @@ impl Schedule {
     /// `after` (0: none yet). The contract allows any token from that grant's up to, not
     /// including, the next grant's (a store may count tokens across all its locks).
     fn report(&mut self, after: u64, reported: u64) {
-        for (&grant, &token) in &self.tokens.clone() {
+        for (&grant, &token) in &self.tokens {
             self.within_report(after, reported, grant, token);
         }
         self.reported.push((after, reported));
