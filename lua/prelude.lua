@@ -514,11 +514,12 @@ local function move_grant_record()
   end
 end
 
--- Before a grant of a new hold (of the free lock, or a hand-over) records `attempt` in F: the
--- record there moves to X. Returns the fields that record it, for the grant's HSET of F.
-local function grant_record_fields(attempt)
+-- Before a grant of a new hold (of the free lock, or a hand-over) records `attempt` in F, for
+-- the horizon from `from_ms` (default now): the record there moves to X. Returns the fields
+-- that record it, for the grant's HSET of F.
+local function grant_record_fields(attempt, from_ms)
   move_grant_record()
-  grant_record, grant_until, grant_stale = attempt, now_ms + horizon_ms, false
+  grant_record, grant_until, grant_stale = attempt, (from_ms or now_ms) + horizon_ms, false
   return 'g', attempt, 'gu', int(grant_until)
 end
 
@@ -874,8 +875,9 @@ local function hand_over(last_token)
   local token = next_token(last_token)
   local until_ms = int(now_ms + ttl)
   -- The grantee is spent: F records it with the token, as for a grant of the free lock (and
-  -- the releaser's record, which F may have had, is in X now).
-  redis.call('HSET', F, 't', token, grant_record_fields(attempt))
+  -- the releaser's record, which F may have had, is in X now), until a horizon after its
+  -- pending level lapses: the grantee may send an acquire until then.
+  redis.call('HSET', F, 't', token, grant_record_fields(attempt, now_ms + ttl))
   redis.call('HSET', H, 'o', owner, 't', token, 'c', 0, 'p', attempt, 'pd', until_ms)
   redis.call('PEXPIREAT', H, until_ms)
   hold_ttl = ttl

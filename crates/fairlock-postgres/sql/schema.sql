@@ -257,7 +257,9 @@ BEGIN
     l.pending_until := v_now + @schema@._ms(w.ttl_ms);
     l.lease_until := l.pending_until;
     l.last_token := v_token;
-    PERFORM @schema@._spend(l.name, w.attempt, v_now, p_horizon_ms);
+    -- Spent until a horizon after the pending level lapses: the waiter may send an acquire
+    -- until then.
+    PERFORM @schema@._spend(l.name, w.attempt, v_now, w.ttl_ms + p_horizon_ms);
     PERFORM pg_notify(@channel@, 'G ' || v_token || ' ' || replace(w.attempt::text, '-', '')
                                  || ' ' || w.owner || E'\n' || l.name);
     RETURN l;

@@ -30,3 +30,12 @@ async fn postgres_agrees_with_the_model() {
     let fixed: Vec<u64> = (0..8).chain(REGRESSIONS.iter().copied()).collect();
     check_against_model(backend, config, &seeds_from_env(&fixed)).await;
 }
+
+/// The conformance check that waits out the resend horizon (60 s): it mostly sleeps, so it runs
+/// here, beside the model's schedules, which are all shorter than the horizon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_hand_over_stays_spent_for_the_horizon() {
+    let server = Server::start();
+    let backend = Arc::new(server.backend().await);
+    fairlock::conformance::lapsed_hand_over_stays_spent(backend).await;
+}

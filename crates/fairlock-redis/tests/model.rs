@@ -46,3 +46,12 @@ async fn redis_with_a_short_fence_margin_agrees_with_the_model() {
     let fixed: Vec<u64> = (100..104).collect();
     check_against_model(Arc::new(backend), config, &seeds_from_env(&fixed)).await;
 }
+
+/// The conformance check that waits out the resend horizon (60 s): it mostly sleeps, so it runs
+/// here, beside the model's schedules, which are all shorter than the horizon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_hand_over_stays_spent_for_the_horizon() {
+    let server = Server::start();
+    let backend = Arc::new(server.backend().await);
+    fairlock::conformance::lapsed_hand_over_stays_spent(backend).await;
+}

@@ -233,7 +233,9 @@ use crate::wake_queue;
 /// confirmed); [`abandon`](Self::abandon) removes whatever the attempt has: its queue entry,
 /// its pending or confirmed level. Both record the attempt as spent (even when it had
 /// nothing), as does every grant of a level, for at least [`RESEND_HORIZON`], in storage
-/// that expires by itself.
+/// that expires by itself. A hand-over's record MUST last that long from when its pending
+/// level lapses unconfirmed, not only from the hand-over: its waiter may send an `acquire`
+/// until then (a heartbeat that did not hear the wake-up).
 ///
 /// **Wake-ups may be lost.** Delivery to a [`Watch`] is best effort: a backend MAY lose
 /// messages (reconnects, lag). A watch is per owner: every watch of the owner receives a
@@ -387,9 +389,12 @@ impl Capabilities {
     }
 }
 
-/// How long a backend remembers an attempt that ended, so that a re-sent `acquire` of it
-/// changes nothing (see the contract's *Re-sends*). A request delivered later than this after
-/// its attempt ended may act again; the harm is then bounded by one lease or waiter TTL.
+/// How long a backend remembers a spent attempt, so that a re-sent `acquire` of it changes
+/// nothing (see the contract's *Re-sends* and *Ending attempts*): from the last time its
+/// attempt may have sent an `acquire` (its grant, its end, or the lapse of its hand-over).
+/// A request delivered later than this after it was sent may act again; the harm is then
+/// bounded by one lease or waiter TTL (and the core ends every attempt it started, which
+/// records it again).
 pub const RESEND_HORIZON: Duration = Duration::from_secs(60);
 
 /// The identity of one attempt to acquire a lock (one `lock()` / `try_lock*()` call).

@@ -64,7 +64,8 @@ struct Store {
     forced: Remembered<(LockName, u64), ()>,
 }
 
-/// Records kept for [`RESEND_HORIZON`] from their last write, forgotten in order of expiry.
+/// Records kept for [`RESEND_HORIZON`] from their last write (or from the later time a write
+/// names), forgotten in order of expiry.
 struct Remembered<K, V> {
     records: HashMap<K, (Instant, V)>,
     by_expiry: BTreeSet<(Instant, K)>,
@@ -88,15 +89,24 @@ impl<K: Clone + Eq + Ord + std::hash::Hash, V> Remembered<K, V> {
         self.records.get_mut(key).map(|(_, value)| value)
     }
 
-    /// Records `value` for `key` until a horizon from `now`; returns the record it replaces.
-    fn insert(&mut self, key: K, value: V, now: Instant) -> Option<V> {
-        let until = now + RESEND_HORIZON;
-        self.by_expiry.insert((until, key.clone()));
-        let (before_until, before) = self.records.insert(key.clone(), (until, value))?;
+    /// Records `value` for `key` until a horizon from `from` (or later, if an earlier record
+    /// lasts longer); returns the record it replaces.
+    fn insert(&mut self, key: K, value: V, from: Instant) -> Option<V> {
+        let until = from + RESEND_HORIZON;
+        let Some((before_until, _)) = self.records.get(&key) else {
+            self.by_expiry.insert((until, key.clone()));
+            self.records.insert(key, (until, value));
+            return None;
+        };
+        let before_until = *before_until;
+        let until = until.max(before_until);
         if before_until != until {
-            self.by_expiry.remove(&(before_until, key));
+            self.by_expiry.remove(&(before_until, key.clone()));
+            self.by_expiry.insert((until, key.clone()));
         }
-        Some(before)
+        self.records
+            .insert(key, (until, value))
+            .map(|(_, before)| before)
     }
 
     /// Forgets the records whose horizon has passed.
@@ -275,12 +285,12 @@ impl Store {
         self.spent.get(&(name.clone(), attempt)).is_some()
     }
 
-    /// Records that `attempt` is spent (keeping whether it was released); returns whether
-    /// it was released, if it was spent before.
-    fn spend(&mut self, name: &LockName, attempt: AttemptId, now: Instant) -> Option<bool> {
+    /// Records that `attempt` is spent until a horizon from `from` (keeping whether it was
+    /// released); returns whether it was released, if it was spent before.
+    fn spend(&mut self, name: &LockName, attempt: AttemptId, from: Instant) -> Option<bool> {
         let key = (name.clone(), attempt);
         let released = self.spent.get(&key).copied().unwrap_or(false);
-        self.spent.insert(key, released, now)
+        self.spent.insert(key, released, from)
     }
 
     /// The lock has just become free: hand it to the head waiter as a pending grant.
@@ -294,7 +304,9 @@ impl Store {
             return;
         };
         let until = now + waiter.ttl;
-        self.spend(name, attempt, now);
+        // Spent until a horizon after the pending level lapses: the waiter may send its
+        // acquire until then, and that request may arrive a horizon later.
+        self.spend(name, attempt, until);
         let entry = self.entry(name, now);
         entry.holder = Some(Holder {
             owner: waiter.owner.clone(),

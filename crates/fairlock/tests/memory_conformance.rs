@@ -35,6 +35,14 @@ async fn memory_backend_conforms_through_a_forwarding_wrapper() {
     assert_eq!(memory.lock_count(), 0, "the suite left locks behind");
 }
 
+/// The check that waits out the resend horizon, on Tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_hand_over_stays_spent_for_the_horizon() {
+    let memory = MemoryBackend::new();
+    fairlock::conformance::lapsed_hand_over_stays_spent(Arc::new(memory.clone())).await;
+    assert_eq!(memory.lock_count(), 0, "the check left its lock behind");
+}
+
 /// A store whose clock steps by whole `step`s: every lease and TTL is rounded up to a multiple
 /// of it, and it says so in its capabilities. The suite must pass it by widening only the
 /// margins that depend on the clock.

@@ -18,9 +18,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, Grant, HolderState, LockBackend, LockState,
-    LockSummary, ReleaseOutcome, Wake, Watch,
+    LockSummary, ReleaseOutcome, Wake, Watch, RESEND_HORIZON,
 };
-use fairlock::conformance::{run_checks_within, LossyWakeups};
+use fairlock::conformance::{lapsed_hand_over_stays_spent, run_checks_within, LossyWakeups};
 use fairlock::{LockName, MemoryBackend, Owner, Result, MAX_DURATION};
 
 /// One broken clause each.
@@ -117,6 +117,11 @@ enum Kind {
     QueuedTokenTooHigh,
     /// `extend` of a hold whose level is a pending hand-over confirms it.
     ExtendConfirms,
+    /// A hand-over's attempt is remembered for the horizon from the hand-over (played here
+    /// from when it was last queued), not from when its pending level lapsed: a late acquire
+    /// sent before the lapse is served as a fresh attempt. Caught by the slow check that is
+    /// not in the suite (`a_lapsed_hand_over_forgotten_early_is_caught`).
+    ForgetsLapsedHandOvers,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -172,6 +177,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::HeartbeatsDoNotRefresh => &["heartbeat_keeps_place_and_grantee_confirms"],
         Kind::QueuedTokenTooHigh => &["hand_over"],
         Kind::ExtendConfirms => &["heartbeat_keeps_place_and_grantee_confirms"],
+        Kind::ForgetsLapsedHandOvers => &["lapsed_hand_over_stays_spent"],
         Kind::Faithful => &[],
     }
 }
@@ -217,6 +223,8 @@ struct Sent {
     /// Each lock's first queued attempt, until granted or gone; and the highest token seen.
     first_queued: Mutex<HashMap<LockName, (AttemptId, String)>>,
     last_token: Mutex<HashMap<LockName, u64>>,
+    /// When each attempt was last answered `Queued`.
+    last_queued: Mutex<HashMap<AttemptId, tokio::time::Instant>>,
 }
 
 impl Mutant {
@@ -498,6 +506,23 @@ impl LockBackend for Mutant {
             false
         };
         let mut outcome = self.inner.acquire(&inner).await?;
+        if self.kind == Kind::ForgetsLapsedHandOvers {
+            let now = tokio::time::Instant::now();
+            let forgotten = {
+                let mut last_queued = self.sent.last_queued.lock().unwrap();
+                if matches!(outcome, AcquireOutcome::Queued { .. }) {
+                    last_queued.insert(request.attempt, now);
+                }
+                outcome == AcquireOutcome::Busy
+                    && last_queued
+                        .get(&request.attempt)
+                        .is_some_and(|at| *at + RESEND_HORIZON <= now)
+            };
+            if forgotten {
+                inner.attempt = AttemptId::random();
+                outcome = self.inner.acquire(&inner).await?;
+            }
+        }
         if self.kind == Kind::ExtendConfirms && request.queue {
             self.sent.queued_by.lock().unwrap().insert(
                 (request.name.clone(), request.owner.to_string()),
@@ -891,5 +916,28 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         missed.is_empty(),
         "mutants not caught:\n{}",
         missed.join("\n")
+    );
+}
+
+/// The check that waits out the resend horizon is not in the suite: it runs here on its own,
+/// on Tokio's paused clock, against its mutant and a faithful wrapper.
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_hand_over_forgotten_early_is_caught() {
+    let run = |kind| async move {
+        let mutant = Mutant::new(kind, MemoryBackend::new(), Arc::default(), Arc::default());
+        let check = lapsed_hand_over_stays_spent(Arc::new(mutant));
+        tokio::spawn(check).await.map_err(|join| join.is_panic())
+    };
+    assert_eq!(
+        run(Kind::Faithful).await,
+        Ok(()),
+        "the faithful wrapper fails it"
+    );
+    assert_eq!(
+        run(Kind::ForgetsLapsedHandOvers).await,
+        Err(true),
+        "{:?} passes {:?}",
+        Kind::ForgetsLapsedHandOvers,
+        expected(Kind::ForgetsLapsedHandOvers)
     );
 }

@@ -89,6 +89,11 @@
 //! | [`instances_share_state`] | separately opened instances share their locks (run by [`run_checks`], which opens them) |
 //! | [`shared_owner_hears_grants_in_every_instance`] | an owner waiting through several instances hears of its grants in each (likewise) |
 //!
+//! One check is not in the suite, since it waits out the resend horizon (60 s):
+//! [`lapsed_hand_over_stays_spent`] proves that a hand-over that lapsed unconfirmed keeps its
+//! attempt spent for the horizon from the lapse. Run it in a test of its own (it mostly
+//! sleeps: beside a long test, it costs little time).
+//!
 //! Beside the suite, [`check_against_model`] runs seeded random schedules of several owners
 //! and attempts (with re-sent requests, cancellations and expiries) against a reference model
 //! of one lock, and names the first disagreement with its seed; see `docs/backends.md`.
@@ -124,8 +129,8 @@ pub use attempts::{
 };
 pub use cancel::{cancel_at_grant_time_leaves_nothing, cancelled_waits_leave_nothing};
 pub use clauses::{
-    list_ignores_dead_waiters, pending_grant_lasts_the_waiter_ttl, reentry_lengthens_the_lease,
-    resends_are_harmless, Resend,
+    lapsed_hand_over_stays_spent, list_ignores_dead_waiters, pending_grant_lasts_the_waiter_ttl,
+    reentry_lengthens_the_lease, resends_are_harmless, Resend,
 };
 pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};

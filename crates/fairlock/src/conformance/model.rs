@@ -261,9 +261,14 @@ impl Model {
 
     /// Records `attempt` as spent now, keeping whether it was released; returns that.
     fn spend(&mut self, attempt: AttemptId) -> bool {
-        let now = self.now;
-        let record = self.spent.entry(attempt).or_insert((now, false));
-        record.0 = now;
+        self.spend_from(attempt, self.now)
+    }
+
+    /// Records `attempt` as spent for a horizon from `from` (or longer, if recorded so
+    /// already), keeping whether it was released; returns that.
+    fn spend_from(&mut self, attempt: AttemptId, from: Time) -> bool {
+        let record = self.spent.entry(attempt).or_insert((from, false));
+        record.0 = record.0.max(from);
         record.1
     }
 
@@ -277,9 +282,11 @@ impl Model {
             return;
         }
         let head = self.queue.remove(0);
-        self.spend(head.attempt);
-        self.grants += 1;
         let until = self.now + head.ttl;
+        // Until a horizon after the pending level lapses: the waiter's acquire may be sent
+        // until then.
+        self.spend_from(head.attempt, until);
+        self.grants += 1;
         self.hold = Some(ModelHold {
             owner: head.owner,
             grant: self.grants,
@@ -404,7 +411,10 @@ impl Model {
                         Reply::NotHeld
                     };
                 }
-                self.spent.insert(attempt, (now, true));
+                // Spent above: now also released.
+                self.spent
+                    .entry(attempt)
+                    .and_modify(|(_, released)| *released = true);
                 if remaining == 0 {
                     self.hold = None;
                     self.hand_over();
