@@ -15,8 +15,9 @@ use crate::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, Grant, HolderState, LockBackend, LockState,
     LockSummary, ReleaseOutcome, WaiterState, Wake, WakeSender, Watch, RESEND_HORIZON,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
+use crate::options::MAX_DURATION;
 
 /// A lock store inside this process: for tests, and for programs whose contenders all live
 /// in one process.
@@ -54,7 +55,7 @@ impl std::fmt::Debug for MemoryBackend {
 struct Store {
     locks: HashMap<LockName, LockEntry>,
     last_token: u64,
-    watchers: HashMap<(LockName, Owner), Vec<WakeSender>>,
+    watchers: Watchers,
     /// Spent attempts (granted a level at some point, or ended): a spent attempt is never
     /// granted again. The value: a release removed its level, so a re-sent release answers
     /// `Released` even once the hold is gone, as the first did.
@@ -63,6 +64,9 @@ struct Store {
     /// `true` as it did.
     forced: Remembered<(LockName, u64), ()>,
 }
+
+/// Each owner's watches of each lock.
+type Watchers = HashMap<(LockName, Owner), Vec<WakeSender>>;
 
 /// Records kept for [`RESEND_HORIZON`] from their last write (or from the later time a write
 /// names), forgotten in order of expiry.
@@ -262,9 +266,20 @@ impl LockEntry {
 }
 
 impl Store {
+    /// The lock's entry, with what has expired by `now` gone. When that clears dead waiters
+    /// in front of a free lock, the new head is told to look again.
     fn entry(&mut self, name: &LockName, now: Instant) -> &mut LockEntry {
-        let entry = self.locks.entry(name.clone()).or_default();
+        let Store {
+            locks, watchers, ..
+        } = self;
+        let entry = locks.entry(name.clone()).or_default();
+        let head_before = entry.head().map(|w| w.attempt);
         entry.expire(now);
+        if entry.holder.is_none() && head_before.is_some() {
+            if let Some(head) = entry.head().filter(|w| Some(w.attempt) != head_before) {
+                wake(watchers, name, &head.owner, Wake::Recheck);
+            }
+        }
         entry
     }
 
@@ -323,14 +338,8 @@ impl Store {
         self.wake(name, &waiter.owner, Wake::Granted { attempt, grant });
     }
 
-    fn wake(&mut self, name: &LockName, owner: &Owner, wake: Wake) {
-        let key = (name.clone(), owner.clone());
-        if let Some(senders) = self.watchers.get_mut(&key) {
-            senders.retain(|s| s.send(wake));
-            if senders.is_empty() {
-                self.watchers.remove(&key);
-            }
-        }
+    fn wake(&mut self, name: &LockName, owner: &Owner, message: Wake) {
+        wake(&mut self.watchers, name, owner, message);
     }
 
     fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> AcquireOutcome {
@@ -505,17 +514,23 @@ impl Store {
         held || self.forced.get(&(name.clone(), token)).is_some()
     }
 
+    /// The holder, without walking the queue.
+    fn holder_state(&mut self, name: &LockName, now: Instant) -> Option<HolderState> {
+        self.entry(name, now).holder.as_ref().map(|h| HolderState {
+            owner: h.owner.to_string(),
+            hold_count: h.count(),
+            token: h.token,
+            lease_remaining: h.expires.saturating_duration_since(now),
+            confirmed: h.pending.is_none(),
+        })
+    }
+
     fn inspect(&mut self, name: &LockName, now: Instant) -> LockState {
+        let holder = self.holder_state(name, now);
         let entry = self.entry(name, now);
         let state = LockState {
             name: name.to_string(),
-            holder: entry.holder.as_ref().map(|h| HolderState {
-                owner: h.owner.to_string(),
-                hold_count: h.count(),
-                token: h.token,
-                lease_remaining: h.expires.saturating_duration_since(now),
-                confirmed: h.pending.is_none(),
-            }),
+            holder,
             waiters: entry
                 .queue
                 .values()
@@ -546,6 +561,29 @@ impl MemoryBackend {
     }
 }
 
+/// Sends `message` to every watch of `owner` on the lock, forgetting the closed ones.
+fn wake(watchers: &mut Watchers, name: &LockName, owner: &Owner, message: Wake) {
+    let key = (name.clone(), owner.clone());
+    if let Some(senders) = watchers.get_mut(&key) {
+        senders.retain(|s| s.send(message));
+        if senders.is_empty() {
+            watchers.remove(&key);
+        }
+    }
+}
+
+/// The core never sends a duration past [`MAX_DURATION`]; a direct caller that does gets an
+/// error before anything changes (the store's instants could not hold the end).
+fn within_limit(what: &'static str, value: Duration) -> Result<()> {
+    if value > MAX_DURATION {
+        return Err(Error::InvalidArgument {
+            what,
+            reason: format!("{value:?} is longer than {MAX_DURATION:?}"),
+        });
+    }
+    Ok(())
+}
+
 /// Unregisters a watch when it is dropped.
 struct Registration {
     shared: Weak<Mutex<Store>>,
@@ -569,6 +607,8 @@ impl Drop for Registration {
 #[async_trait]
 impl LockBackend for MemoryBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
+        within_limit("lease", request.lease)?;
+        within_limit("waiter TTL", request.waiter_ttl)?;
         Ok(self.store().acquire(request, Instant::now()))
     }
 
@@ -591,6 +631,7 @@ impl LockBackend for MemoryBackend {
         token: u64,
         lease: Duration,
     ) -> Result<bool> {
+        within_limit("lease", lease)?;
         Ok(self
             .store()
             .extend(name, owner, token, lease, Instant::now()))
@@ -607,6 +648,14 @@ impl LockBackend for MemoryBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         Ok(self.store().inspect(name, Instant::now()))
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        let now = Instant::now();
+        let mut store = self.store();
+        let holder = store.holder_state(name, now);
+        store.tidy(name);
+        Ok(holder)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
@@ -653,8 +702,8 @@ impl LockBackend for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// How many locks currently occupy memory (held, or with waiters not yet evicted).
-    /// Lets tests check that nothing is left behind.
+    /// How many locks are held or have live waiters, once what has expired is cleared (the
+    /// entries of the others go then). Lets tests check that nothing is left behind.
     pub fn lock_count(&self) -> usize {
         let now = Instant::now();
         let mut store = self.store();

@@ -83,6 +83,8 @@ struct Faulty {
     release_reply_delay: Arc<Mutex<Duration>>,
     /// `Queued` replies say to come back after `Duration::MAX` (a backend's bad hint).
     endless_retry_after: Arc<AtomicBool>,
+    /// Every wake-up is lost: waiters hear of the lock only at their heartbeats.
+    lose_wakeups: Arc<AtomicBool>,
 }
 
 impl Faulty {
@@ -257,7 +259,14 @@ impl LockBackend for Faulty {
     }
 
     async fn watch(&self, name: &LockName, owner: &Owner) -> Result<Watch> {
-        self.inner.watch(name, owner).await
+        let watch = self.inner.watch(name, owner).await?;
+        if !self.lose_wakeups.load(SeqCst) {
+            return Ok(watch);
+        }
+        // Every wake-up lost: the watch keeps its own, unused, sender.
+        drop(watch);
+        let (sender, watch) = Watch::channel();
+        Ok(watch.with_registration(sender))
     }
 }
 
@@ -499,6 +508,9 @@ async fn held_for(client: &LockClient, lease: Duration) -> LockGuard {
 #[tokio::test(start_paused = true)]
 async fn a_grant_made_by_a_late_delivered_call_counts_from_that_call() {
     let backend = Faulty::default();
+    // The late call's clearing of the dead head would wake the waiter at once, in the same
+    // instant: its call's lease would then count from there too, whichever it counted from.
+    backend.lose_wakeups.store(true, SeqCst);
     let client = LockClient::new(backend.clone());
     let start = tokio::time::Instant::now();
     // Held until 10 s (never renewed), a dead waiter at the head until 11 s: the queued

@@ -181,3 +181,112 @@ impl LockBackend for Forward {
         self.0.watch(name, owner).await
     }
 }
+
+/// The core never sends a duration past `MAX_DURATION`, but the backend is public: called
+/// directly with one, it answers `InvalidArgument` and changes nothing (no panic half-way
+/// through, with the head waiter already taken off the queue).
+#[tokio::test(start_paused = true)]
+async fn durations_past_the_limit_are_refused_and_change_nothing() {
+    use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId};
+    use fairlock::{Error, MAX_DURATION};
+    let memory = MemoryBackend::new();
+    let name = LockName::new("too-long").unwrap();
+    let (holder, waiter) = (Owner::unique(), Owner::unique());
+    let request = |owner: &Owner, attempt, lease| AcquireRequest {
+        name: name.clone(),
+        owner: owner.clone(),
+        attempt,
+        lease,
+        waiter_ttl: Duration::from_secs(30),
+        queue: true,
+    };
+    let second = Duration::from_secs(1);
+    let first = AttemptId::random();
+    let Ok(AcquireOutcome::Granted(grant)) = memory.acquire(&request(&holder, first, second)).await
+    else {
+        panic!("a fresh lock is granted");
+    };
+    let waiting = AttemptId::random();
+    let queued = memory.acquire(&request(&waiter, waiting, second)).await;
+    assert!(
+        matches!(queued, Ok(AcquireOutcome::Queued { .. })),
+        "{queued:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The lease ran out: the head waiter's next acquire would be granted, with this lease.
+    let refused = memory
+        .acquire(&request(&waiter, waiting, Duration::MAX))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+    let extended = memory
+        .extend(&name, &holder, grant.token, MAX_DURATION + second)
+        .await;
+    assert!(
+        matches!(extended, Err(Error::InvalidArgument { .. })),
+        "{extended:?}"
+    );
+    let state = memory.inspect(&name).await.unwrap();
+    assert_eq!(
+        state.waiters.len(),
+        1,
+        "the waiter lost its place: {state:?}"
+    );
+    let granted = memory.acquire(&request(&waiter, waiting, second)).await;
+    assert!(
+        matches!(granted, Ok(AcquireOutcome::Granted(_))),
+        "{granted:?}"
+    );
+}
+
+/// When dead waiters in front of a free lock are cleared, the new head is told to look again
+/// (the contract's SHOULD), not left to find the lock free at its next heartbeat.
+#[tokio::test(start_paused = true)]
+async fn clearing_a_dead_head_of_a_free_lock_tells_the_new_head() {
+    use fairlock::backend::{AcquireOutcome, AcquireRequest, AttemptId, Wake};
+    let memory = MemoryBackend::new();
+    let name = LockName::new("dead-head").unwrap();
+    let request = |owner: &Owner, attempt, lease: u64, ttl: u64| AcquireRequest {
+        name: name.clone(),
+        owner: owner.clone(),
+        attempt,
+        lease: Duration::from_secs(lease),
+        waiter_ttl: Duration::from_secs(ttl),
+        queue: true,
+    };
+    let (holder, dead, next, last) = (
+        Owner::unique(),
+        Owner::unique(),
+        Owner::unique(),
+        Owner::unique(),
+    );
+    let granted = memory
+        .acquire(&request(&holder, AttemptId::random(), 2, 30))
+        .await;
+    assert!(
+        matches!(granted, Ok(AcquireOutcome::Granted(_))),
+        "{granted:?}"
+    );
+    let mut attempts = Vec::new();
+    for (owner, ttl) in [(&dead, 3), (&next, 30), (&last, 30)] {
+        let attempt = AttemptId::random();
+        let queued = memory.acquire(&request(owner, attempt, 30, ttl)).await;
+        assert!(
+            matches!(queued, Ok(AcquireOutcome::Queued { .. })),
+            "{queued:?}"
+        );
+        attempts.push(attempt);
+    }
+    let mut watch = memory.watch(&name, &next).await.unwrap();
+    // The lease has run out and the dead head's TTL too: the last waiter's heartbeat clears it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let heartbeat = memory.acquire(&request(&last, attempts[2], 30, 30)).await;
+    assert!(
+        matches!(heartbeat, Ok(AcquireOutcome::Queued { .. })),
+        "{heartbeat:?}"
+    );
+    let told = tokio::time::timeout(Duration::from_millis(10), watch.recv()).await;
+    assert_eq!(told, Ok(Some(Wake::Recheck)), "the new head was not told");
+}
