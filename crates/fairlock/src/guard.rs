@@ -34,7 +34,8 @@ use crate::waiting::retry_within;
 /// Tokio runtime the lock was acquired on, so `drop` never blocks and never panics, even on a
 /// thread with no runtime. If that runtime has already shut down, no release can run; the
 /// renewal stopped with it, so the store frees the lock when its lease ends (at most one
-/// lease, 30 s by default). Prefer [`unlock`](Self::unlock) to learn whether the release
+/// lease, 30 s by default), and the guard's [`lease_lost`](Self::lease_lost) completes then,
+/// awaited on any runtime. Prefer [`unlock`](Self::unlock) to learn whether the release
 /// succeeded.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 #[derive(Debug)]
@@ -69,6 +70,7 @@ impl LockGuard {
         let hold = shared.holds.join(&shared, grant.token, deadline, &runtime);
         let level = Arc::new(Level {
             lost: watch::Sender::new(false),
+            let_go: watch::Sender::new(false),
             unconfirmed_until: watch::Sender::new(confirm.then_some(deadline)),
         });
         let confirming = confirm.then(|| {
@@ -396,6 +398,7 @@ impl LockGuard {
     /// Ends this guard's part of the hold locally; what is left is the store's release.
     fn end_level(&mut self) -> Release {
         self.released = true;
+        self.level.let_go.send_replace(true);
         // What the confirmation finds out no longer matters once the level is released.
         if let Some(confirming) = self.confirming.take() {
             confirming.abort();
@@ -597,6 +600,9 @@ impl Drop for LockGuard {
 struct Level {
     /// The level is known (or must be assumed) gone. Never goes back.
     lost: watch::Sender<bool>,
+    /// The guard let go of it (released or dropped): its leases read lost at once, while
+    /// the release (which keeps this level) may still be on its way. Never goes back.
+    let_go: watch::Sender<bool>,
     /// While unconfirmed: the local instant the pending level surely lasts until.
     unconfirmed_until: watch::Sender<Option<Instant>>,
 }
@@ -759,7 +765,7 @@ fn confirm_delay(waiter_ttl: Duration) -> Duration {
 /// What is left of a lease by the local clock: the hold's deadline, or the pending level's if
 /// sooner; zero once lost.
 fn remaining(hold: &Hold, level: &Level) -> Duration {
-    if hold.is_lost() || level.is_lost() {
+    if hold.is_lost() || level.is_lost() || *level.let_go.borrow() {
         return Duration::ZERO;
     }
     let mut until = hold.deadline();
@@ -769,20 +775,64 @@ fn remaining(hold: &Hold, level: &Level) -> Duration {
     until.saturating_duration_since(Instant::now())
 }
 
-/// Completes when the hold or the level is lost, or when either is gone (the guards are
-/// released, which ends the lease too). `None`: already gone.
+/// Completes when the hold or the level is lost, or when either is gone or let go (the guard
+/// is released, which ends its lease too), or when the deadline passes (as `is_lost` counts
+/// it): the keeper flags that too, but it runs on the runtime the lock was acquired on, which
+/// may be gone while the guard lives on. `None`: already gone.
 fn lost_signal(
     parts: Option<(&Arc<Hold>, &Arc<Level>)>,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let receivers = parts.map(|(hold, level)| (hold.lost_receiver(), level.lost.subscribe()));
+    let receivers = parts.map(|(hold, level)| {
+        (
+            hold.lost_receiver(),
+            level.lost.subscribe(),
+            level.let_go.subscribe(),
+            hold.deadline_receiver(),
+            level.unconfirmed_until.subscribe(),
+        )
+    });
     async move {
-        let Some((mut hold_lost, mut level_lost)) = receivers else {
+        let Some((mut hold_lost, mut level_lost, mut let_go, deadline, unconfirmed)) = receivers
+        else {
             return;
         };
         // An error means the guard is gone, which also ends the lease.
         tokio::select! {
             _ = hold_lost.wait_for(|lost| *lost) => {}
             _ = level_lost.wait_for(|lost| *lost) => {}
+            _ = let_go.wait_for(|gone| *gone) => {}
+            () = deadline_passes(deadline, unconfirmed) => {}
+        }
+    }
+}
+
+/// Completes once the hold's deadline (or the pending level's, sooner) has passed, following
+/// raises; or when the guard is gone. Never without a Tokio timer to wait on (polled outside a
+/// runtime, the flags alone end the signal).
+async fn deadline_passes(
+    mut deadline: watch::Receiver<Instant>,
+    mut unconfirmed: watch::Receiver<Option<Instant>>,
+) {
+    if Handle::try_current().is_err() {
+        return std::future::pending().await;
+    }
+    loop {
+        let until = {
+            let deadline = *deadline.borrow_and_update();
+            unconfirmed
+                .borrow_and_update()
+                .map_or(deadline, |until| until.min(deadline))
+        };
+        // A raise is made only before the deadline passes (`Hold::raise_deadline`), so one
+        // seen after the timer fired means it had not passed: wait on.
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => {
+                if !deadline.has_changed().unwrap_or(true) && !unconfirmed.has_changed().unwrap_or(true) {
+                    return;
+                }
+            }
+            changed = deadline.changed() => if changed.is_err() { return },
+            changed = unconfirmed.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -848,7 +898,7 @@ impl Lease {
     /// [`LockGuard::is_lease_lost`].
     pub fn is_lease_lost(&self) -> bool {
         self.parts()
-            .is_none_or(|(hold, level)| hold.is_lost() || level.is_lost())
+            .is_none_or(|(hold, level)| hold.is_lost() || level.is_lost() || *level.let_go.borrow())
     }
 
     /// The local estimate of the lease left; zero once lost or the guard is gone. See

@@ -239,6 +239,11 @@ impl Hold {
         self.lost.subscribe()
     }
 
+    /// The deadline, to follow as renewals raise it.
+    pub(crate) fn deadline_receiver(&self) -> watch::Receiver<Instant> {
+        self.deadline.subscribe()
+    }
+
     /// A guard with the watchdog (of this watchdog lease) is gone.
     pub(crate) fn watchdog_left(&self, lease: Duration) {
         self.watchdogs.send_modify(|w| w.left(lease));

@@ -384,3 +384,57 @@ fn holder_and_waiter_states_are_at_the_crate_root() {
     let attempt: fairlock::AttemptId = "2a".parse().unwrap();
     assert_eq!(attempt.as_u128(), 42);
 }
+
+/// A nested guard's lease reads lost as soon as that guard is dropped, while the outer guard
+/// still holds and the nested guard's release is still on its way to the store.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_nested_guards_lease_is_lost_before_its_release_lands() {
+    let memory = MemoryBackend::new();
+    let client = client(&memory);
+    let lock = client.fair_lock("nested-lease").unwrap();
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.lock().await.unwrap();
+    let lease = inner.lease();
+    drop(inner);
+    // Nothing has run since: the release is only spawned.
+    assert!(
+        lease.is_lease_lost(),
+        "the dropped guard's lease still reads held"
+    );
+    assert_eq!(lease.lease_remaining(), Duration::ZERO);
+    assert!(
+        timeout(Duration::ZERO, lease.lease_lost()).await.is_ok(),
+        "the lost-lease signal waits for the release"
+    );
+    assert!(!outer.is_lease_lost());
+    outer.unlock().await.unwrap();
+    until_clean(&client, &memory, "nested-lease").await;
+}
+
+/// A guard may outlive the runtime it was acquired on (its renewal stops with it): its
+/// lost-lease signal, awaited on another runtime, still fires when the lease ends, as
+/// `is_lease_lost` says.
+#[test]
+fn the_lost_lease_signal_fires_after_the_acquiring_runtime_is_gone() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let memory = MemoryBackend::new();
+    let first = runtime();
+    let guard = first.block_on(async {
+        let lock = client(&memory).fair_lock("orphan").unwrap();
+        let lock = lock.with_lease(Duration::from_millis(200)).unwrap();
+        lock.lock().await.unwrap()
+    });
+    drop(first);
+    let fired = runtime().block_on(async {
+        timeout(Duration::from_secs(2), guard.lease_lost())
+            .await
+            .is_ok()
+    });
+    assert!(guard.is_lease_lost());
+    assert!(fired, "the lost-lease signal never fired");
+}
