@@ -130,7 +130,8 @@ impl LockGuard {
         &self.shared.name
     }
 
-    /// The owner holding the lock.
+    /// The owner holding the lock. Reading it counts as sharing the owner: see
+    /// [`FairLock::owner`](crate::FairLock::owner).
     pub fn owner(&self) -> &Owner {
         // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
         self.shared.levels.shared_out();
@@ -210,7 +211,7 @@ impl LockGuard {
         });
         if !listed {
             // Tokens are never reused: a hold the store no longer has is over for good.
-            self.hold.mark_lost(shared, LostReason::Revoked);
+            self.hold.mark_lost(LostReason::Revoked);
         }
         Ok(listed && !self.is_lease_lost())
     }
@@ -307,14 +308,14 @@ impl LockGuard {
         if extended {
             // Applied, but maybe answered past the local deadline: then the lease has been
             // reported lost since, and stays so.
-            if !self.hold.extended(shared, sent, lease, LostReason::Expired) {
+            if !self.hold.extended(sent, lease, LostReason::Expired) {
                 return Err(Error::LeaseLost {
                     name: shared.name.to_string(),
                 });
             }
             Ok(())
         } else {
-            self.hold.mark_lost(shared, LostReason::Revoked);
+            self.hold.mark_lost(LostReason::Revoked);
             Err(Error::LeaseLost {
                 name: shared.name.to_string(),
             })
@@ -550,7 +551,7 @@ impl Release {
                     debug!("release found the lease already lost");
                     // Sibling guards of the hold learn it too (and it is counted once).
                     if let Some(hold) = hold.upgrade() {
-                        hold.mark_lost(&shared, LostReason::Revoked);
+                        hold.mark_lost(LostReason::Revoked);
                     }
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
@@ -681,7 +682,7 @@ async fn confirm_hand_over(
                 });
                 if in_time {
                     debug!(lock = %shared.name, owner = %shared.owner, token, "hand-over confirmed");
-                    let _ = hold.extended(&shared, first_sent, lease, LostReason::Expired);
+                    let _ = hold.extended(first_sent, lease, LostReason::Expired);
                 } else {
                     level.mark_lost(
                         &shared,
@@ -697,7 +698,7 @@ async fn confirm_hand_over(
                 // gone, and nobody holds the new one: it is given back now, not left to
                 // block the lock for its whole lease. In a task of its own, so that releasing
                 // this guard (which aborts this one) does not stop it.
-                hold.mark_lost(&shared, LostReason::Revoked);
+                hold.mark_lost(LostReason::Revoked);
                 drop(tokio::spawn(give_back(
                     shared.clone(),
                     stray.token,
@@ -709,7 +710,7 @@ async fn confirm_hand_over(
                 // The pending level surely lives until `deadline` (the store counts its life
                 // from later), so it did not lapse: the hold itself ended (force released),
                 // and every guard of it learns so now, not at its next renewal or deadline.
-                hold.mark_lost(&shared, LostReason::Revoked);
+                hold.mark_lost(LostReason::Revoked);
                 return;
             }
             Ok(Ok(_)) => {
@@ -887,7 +888,8 @@ impl Lease {
         &self.shared.name
     }
 
-    /// The owner holding the lock.
+    /// The owner holding the lock. Reading it counts as sharing the owner: see
+    /// [`FairLock::owner`](crate::FairLock::owner).
     pub fn owner(&self) -> &Owner {
         // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
         self.shared.levels.shared_out();

@@ -79,6 +79,21 @@ impl Watchdogs {
 }
 
 impl Holds {
+    /// A force release through this client freed the hold `token` of `owner`: its guards here
+    /// learn it now rather than at their next renewal.
+    pub(crate) fn revoke(&self, name: &LockName, owner: &str, token: u64) {
+        let Ok(owner) = Owner::new(owner) else {
+            return;
+        };
+        let hold = self
+            .lock_map()
+            .get(&(name.clone(), owner, token))
+            .and_then(Weak::upgrade);
+        if let Some(hold) = hold {
+            hold.mark_lost(LostReason::Revoked);
+        }
+    }
+
     fn lock_map(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, Owner, u64), Weak<Hold>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -198,12 +213,13 @@ impl Hold {
         live
     }
 
-    pub(crate) fn mark_lost(&self, shared: &LockShared, why: LostReason) {
+    pub(crate) fn mark_lost(&self, why: LostReason) {
         if !self.lost.send_replace(true) {
+            let (name, owner, token) = &self.key;
             warn!(
-                lock = %shared.name,
-                owner = %shared.owner,
-                token = self.key.2,
+                lock = %name,
+                owner = %owner,
+                token,
                 reason = %why.label(),
                 "fairlock lease lost: {}",
                 why.text()
@@ -221,16 +237,10 @@ impl Hold {
     /// no earlier than that. If the local deadline had passed by then, the hold has been
     /// reported lost since, and stays so: it is marked lost (`late`) and this returns `false`.
     #[must_use]
-    pub(crate) fn extended(
-        &self,
-        shared: &LockShared,
-        sent: Instant,
-        lease: Duration,
-        late: LostReason,
-    ) -> bool {
+    pub(crate) fn extended(&self, sent: Instant, lease: Duration, late: LostReason) -> bool {
         let live = self.raise_deadline(sent + lease);
         if !live {
-            self.mark_lost(shared, late);
+            self.mark_lost(late);
         }
         live
     }
@@ -361,7 +371,7 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
                     continue;
                 }
                 if let Some(hold) = hold.upgrade() {
-                    hold.mark_lost(&shared, LostReason::Expired);
+                    hold.mark_lost(LostReason::Expired);
                 }
                 return;
             }
@@ -379,14 +389,14 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
                         debug!(lock = %shared.name, owner = %shared.owner, token, "fairlock lease renewed");
                         shared.meter.renewal("renewed");
                         // Renewed in time by the store, but maybe read past the local deadline.
-                        if !hold.extended(&shared, sent, lease, LostReason::RenewalTimedOut) {
+                        if !hold.extended(sent, lease, LostReason::RenewalTimedOut) {
                             return;
                         }
                         next_renewal = renewing.then(|| sent + watchdog_lease / 3);
                     }
                     Renewal::Answered(Ok(false)) => {
                         shared.meter.renewal("refused");
-                        hold.mark_lost(&shared, LostReason::Revoked);
+                        hold.mark_lost(LostReason::Revoked);
                         return;
                     }
                     Renewal::Answered(Err(err)) => {
@@ -398,7 +408,7 @@ async fn keep(shared: Arc<LockShared>, token: u64, hold: Weak<Hold>, first_renew
                     }
                     Renewal::TimedOut => {
                         shared.meter.renewal("timed_out");
-                        hold.mark_lost(&shared, LostReason::RenewalTimedOut);
+                        hold.mark_lost(LostReason::RenewalTimedOut);
                         return;
                     }
                 }

@@ -112,7 +112,10 @@ impl LockClient {
     /// Since a level of a shared owner may belong to any of its handles, a level whose
     /// release the store lost (a failover) is re-entered by the owner's next acquisitions and
     /// lives as long as they renew the hold. Handles from [`fair_lock`](Self::fair_lock)
-    /// free such a level instead (see [`FairLock`]).
+    /// free such a level instead (see [`FairLock`]), so take a `fair_lock` handle's owner
+    /// only through its `owner()`, which tells it: an owner rebuilt with [`Owner::new`] from
+    /// an id read elsewhere (`state()`, a log line) would let that handle take a level of
+    /// yours for its own stale one, and free the hold under you.
     ///
     /// An owner from [`Owner::unique`] (such as a `fair_lock` handle's
     /// [`owner`](FairLock::owner)) is taken to act through one backend value: share it only
@@ -149,7 +152,9 @@ impl LockClient {
 
     /// Frees lock `name` whoever holds it (an operator's tool); the head waiter gets it next.
     /// Returns whether the hold it found was force-released. The holder's guards report their
-    /// lease lost.
+    /// lease lost: at once if they were acquired through this client (or a handle it made),
+    /// otherwise at their next renewal, [`extend`](LockGuard::extend) or
+    /// [`is_held`](LockGuard::is_held).
     ///
     /// It reads the current hold and frees exactly that one (named by its fencing token), so
     /// the request, even if delivered again later, never frees a hold made after it. `true`
@@ -162,7 +167,7 @@ impl LockClient {
     /// # Cancel safety
     /// The store applies it atomically; if cancelled, it may or may not have been applied.
     pub async fn force_unlock(&self, name: &str) -> Result<bool> {
-        force_release(&self.store, &LockName::new(name)?).await
+        force_release(&self.store, &self.holds, &LockName::new(name)?).await
     }
 
     /// A snapshot of lock `name`: holder, hold count, lease left, fencing token and waiters.
@@ -200,11 +205,19 @@ fn store(backend: &Arc<dyn LockBackend>, by_lock: bool) -> Arc<dyn LockBackend> 
 /// release whose first copy freed the hold may answer `false` (a store that forgot it, past
 /// the resend horizon), and the lock may by then have gone to the next waiter, who must keep
 /// it.
-async fn force_release(backend: &Arc<dyn LockBackend>, name: &LockName) -> Result<bool> {
+async fn force_release(
+    backend: &Arc<dyn LockBackend>,
+    holds: &Holds,
+    name: &LockName,
+) -> Result<bool> {
     let Some(holder) = backend.holder(name).await? else {
         return Ok(false);
     };
-    backend.force_release(name, holder.token).await
+    let freed = backend.force_release(name, holder.token).await?;
+    if freed {
+        holds.revoke(name, &holder.owner, holder.token);
+    }
+    Ok(freed)
 }
 
 /// What a handle and its guards share.
@@ -290,6 +303,11 @@ impl FairLock {
     }
 
     /// The owner this handle acquires as.
+    ///
+    /// Reading it counts as sharing the owner (it may be passed to
+    /// [`LockClient::fair_lock_as`]): from then on the handle re-enters a level the store
+    /// kept after a lost release instead of freeing it (see [`FairLock`]), as handles that
+    /// share an owner do. The same holds for the guard's and the lease's `owner()`.
     pub fn owner(&self) -> &Owner {
         // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
         self.shared.levels.shared_out();
@@ -387,12 +405,16 @@ impl FairLock {
     /// Runs `work` under the lock: waits for it like [`lock`](Self::lock), runs the future
     /// that `work` returns, and releases the lock when it is done, whatever happens.
     ///
-    /// If the lease is lost while the future runs (renewal failed until the lease ran out, an
-    /// operator force-unlocked it, a fixed lease ended), the future is **dropped** at its next
-    /// `.await` and `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost): the work never
-    /// goes on while another owner may hold the lock, the way node-redlock's `using` hands an
-    /// abort signal and etcd's `Session.Done()` is watched, but without the work having to
-    /// check. The closure gets a [`Lease`]: the fencing token to pass to the resource you
+    /// If the lease is lost while the future runs (renewal failed until the lease ran out, a
+    /// fixed lease ended, an operator force-unlocked it), the future is **dropped** at its next
+    /// `.await` and `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost), the way
+    /// node-redlock's `using` hands an abort signal and etcd's `Session.Done()` is watched, but
+    /// without the work having to check. A lease that runs out is dropped by its local
+    /// deadline, which never comes after the store's, so the work never goes on while another
+    /// owner may hold the lock that way. A force unlock is known at once when made through
+    /// this client, and otherwise only at the next renewal (a third of the watchdog lease) or
+    /// [`LockGuard::is_held`]: until then the next owner may already hold the lock, which is
+    /// what the fencing token is for. The closure gets a [`Lease`]: the fencing token to pass to the resource you
     /// protect, and the lease's signal and time left.
     ///
     /// ```
@@ -512,7 +534,7 @@ impl FairLock {
     /// # Cancel safety
     /// If cancelled, it may or may not have been applied.
     pub async fn force_unlock(&self) -> Result<bool> {
-        force_release(&self.shared.backend, &self.shared.name).await
+        force_release(&self.shared.backend, &self.shared.holds, &self.shared.name).await
     }
 
     /// A snapshot of this lock. See [`LockClient::state`].

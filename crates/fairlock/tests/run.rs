@@ -64,10 +64,23 @@ async fn completed_work_returns_its_value_and_releases() {
     assert_eq!(memory.lock_count(), 0);
 }
 
+/// A force unlock through the work's own client is known to its guards at once; through
+/// another (another process: the CLI, say), at the holder's next renewal.
 #[tokio::test(start_paused = true)]
 async fn a_force_unlock_drops_the_work_and_returns_lease_lost() {
+    for same_client in [true, false] {
+        force_unlock_drops_the_work(same_client).await;
+    }
+}
+
+async fn force_unlock_drops_the_work(same_client: bool) {
     let memory = MemoryBackend::new();
     let client = client(&memory);
+    let operator = if same_client {
+        client.clone()
+    } else {
+        self::client(&memory)
+    };
     let lock = client.fair_lock("forced").unwrap();
     let dropped = Arc::new(AtomicBool::new(false));
     let flag = DropFlag(dropped.clone());
@@ -82,15 +95,20 @@ async fn a_force_unlock_drops_the_work_and_returns_lease_lost() {
     });
     started_rx.await.unwrap();
     let forced_at = Instant::now();
-    assert!(client.force_unlock("forced").await.unwrap());
+    assert!(operator.force_unlock("forced").await.unwrap());
     let result = task.await.unwrap();
     assert!(
         matches!(&result, Err(Error::LeaseLost { name }) if name == "forced"),
         "{result:?}"
     );
     assert!(dropped.load(SeqCst), "the work was dropped");
-    // The watchdog's next renewal (every lease / 3 = 1 s) is what finds the hold gone.
-    assert!(forced_at.elapsed() <= Duration::from_secs(1));
+    if same_client {
+        assert_eq!(forced_at.elapsed(), Duration::ZERO, "{same_client}");
+    } else {
+        // The watchdog's next renewal (every lease / 3 = 1 s) is what finds the hold gone.
+        assert!(forced_at.elapsed() > Duration::ZERO);
+        assert!(forced_at.elapsed() <= Duration::from_secs(1));
+    }
     until_clean(&client, &memory, "forced").await;
 }
 
@@ -359,9 +377,10 @@ async fn is_held_asks_the_store_for_this_very_hold() {
     assert!(first.is_held().await.unwrap());
     assert!(!first.is_lease_lost());
 
-    // Freed by an operator and taken again by the same owner before any renewal: the owner
-    // holds, but under another token, so the first guard's hold is not held.
-    assert!(client.force_unlock("held").await.unwrap());
+    // Freed by an operator elsewhere (another client) and taken again by the same owner
+    // before any renewal: the owner holds, but under another token, so the first guard's
+    // hold is not held.
+    assert!(self::client(&memory).force_unlock("held").await.unwrap());
     let second = lock.lock().await.unwrap();
     assert!(second.fencing_token() > first.fencing_token());
     assert!(!first.is_lease_lost(), "nothing has noticed yet");
