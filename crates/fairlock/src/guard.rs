@@ -721,11 +721,12 @@ async fn confirm_hand_over(
                 );
                 return;
             }
-            Ok(Err(err)) => {
+            // A call that fails at once never lets `timeout_at` see the deadline: checked here.
+            Ok(Err(err)) if Instant::now() < deadline => {
                 debug!(lock = %shared.name, owner = %shared.owner, token, error = %err, "confirming a hand-over failed; retrying");
                 sleep(Duration::from_millis(20)).await;
             }
-            Err(_elapsed) => {
+            Ok(Err(_)) | Err(_) => {
                 level.mark_lost(
                     &shared,
                     token,

@@ -85,6 +85,9 @@ struct Faulty {
     endless_retry_after: Arc<AtomicBool>,
     /// Every wake-up is lost: waiters hear of the lock only at their heartbeats.
     lose_wakeups: Arc<AtomicBool>,
+    /// Confirmations fail at once (a client that fails fast on a dead connection), counted.
+    fail_confirmations: Arc<AtomicBool>,
+    failed_confirmations: Arc<AtomicUsize>,
 }
 
 impl Faulty {
@@ -122,6 +125,10 @@ impl LockBackend for Faulty {
             self.queued.lock().unwrap().insert(request.attempt);
         } else if confirming && self.stall_confirmations.load(SeqCst) {
             tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        if confirming && self.fail_confirmations.load(SeqCst) {
+            self.failed_confirmations.fetch_add(1, SeqCst);
+            return Err(down());
         }
         if confirming && self.gate_confirmations.load(SeqCst) {
             self.confirm_gate.notified().await;
@@ -335,6 +342,30 @@ async fn a_hand_over_that_lapses_unconfirmed_is_reported_lost() {
         Err(Error::LeaseLost { .. })
     ));
     taken.unlock().await.unwrap();
+}
+
+/// The same with confirmations that fail at once: the retries stop at the hand-over's
+/// deadline (not every 20 ms for as long as the store keeps failing), and the guard is lost.
+#[tokio::test(start_paused = true)]
+async fn confirmations_failing_at_once_stop_at_the_deadline() {
+    let backend = Faulty::default();
+    backend.fail_confirmations.store(true, SeqCst);
+    let (_client, _owner, _other, handed, nested) = handed_and_nested(&backend).await;
+    tokio::time::timeout(Duration::from_secs(6), handed.lease_lost())
+        .await
+        .expect("the hand-over guard was not told");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let tries = backend.failed_confirmations.load(SeqCst);
+    assert!(tries > 0, "no confirmation was tried");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        backend.failed_confirmations.load(SeqCst),
+        tries,
+        "confirmations went on after the deadline"
+    );
+    assert!(!nested.is_lease_lost(), "the nested guard's level is fine");
+    nested.unlock().await.unwrap();
+    drop(handed);
 }
 
 /// The same, with the lapsed hand-over guard released first: its release finds no level
