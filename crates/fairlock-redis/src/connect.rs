@@ -172,7 +172,11 @@ impl RedisBackendBuilder {
     /// The subscriber connection that receives wake-ups sends nothing while it waits. If a
     /// NAT or firewall dropped it in silence, nothing would fail, and waiters would hear of
     /// their hand-overs only at their heartbeats. Keepalive keeps such a connection from
-    /// going idle, and finds it broken if it was dropped anyway.
+    /// going idle, and finds it broken if it was dropped anyway, unless something was sent on
+    /// it since (a subscription, a command): the system then probes no more and retries the
+    /// sending for its own limit (about 15 minutes on Linux). So on Linux a connection also
+    /// ends when data sent on it stays unacknowledged for `idle` and 90 s (`TCP_USER_TIMEOUT`),
+    /// the time keepalive takes to give up.
     pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
         self.tcp_keepalive = idle;
         self
@@ -312,6 +316,10 @@ impl RedisBackendBuilder {
 /// [`RedisBackendBuilder::tcp_keepalive`]), and no Nagle delay, since commands share a
 /// connection and a small one must not wait for the reply to the one before.
 fn tcp_config(idle: Option<Duration>) -> TcpConfig {
+    // Sent data unacknowledged for as long as keepalive takes to give up (9 probes 10 s
+    // apart) ends the connection too: probes stop while data waits for its acknowledgement.
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let user_timeout = idle.map(|idle| idle.saturating_add(KEEPALIVE_GIVES_UP_AFTER));
     use fred::socket2::TcpKeepalive;
     let keepalive = idle.map(|idle| {
         let keepalive = TcpKeepalive::new().with_time(idle);
@@ -334,9 +342,15 @@ fn tcp_config(idle: Option<Duration>) -> TcpConfig {
     TcpConfig {
         nodelay: Some(true),
         keepalive,
+        #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+        user_timeout,
         ..TcpConfig::default()
     }
 }
+
+/// How long keepalive probes go unanswered before the system ends the connection: Linux's
+/// default 9 probes, 10 s apart.
+const KEEPALIVE_GIVES_UP_AFTER: Duration = Duration::from_secs(90);
 
 /// Reads the server's `maxmemory-policy` and warns if it may evict lock keys. Best effort: a
 /// server that refuses `CONFIG` (managed services often do) is not asked again.
@@ -554,6 +568,20 @@ pub(crate) fn from_clients(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keepalive stops probing while sent data waits for its acknowledgement, so a silently
+    /// dropped connection with a subscription or command on its way would stand for the
+    /// system's retransmission limit (about 15 minutes): the user timeout ends it as soon as
+    /// keepalive would have.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn unacknowledged_data_ends_a_connection_when_keepalive_would() {
+        let config = tcp_config(Some(Duration::from_secs(60)));
+        assert_eq!(config.user_timeout, Some(Duration::from_secs(150)));
+        assert!(config.keepalive.is_some());
+        assert_eq!(tcp_config(None).user_timeout, None);
+        assert_eq!(tcp_config(Some(Duration::MAX)).user_timeout, Some(Duration::MAX));
+    }
 
     #[test]
     fn credentials_never_show() {
