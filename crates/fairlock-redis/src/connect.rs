@@ -176,7 +176,9 @@ impl RedisBackendBuilder {
     /// it since (a subscription, a command): the system then probes no more and retries the
     /// sending for its own limit (about 15 minutes on Linux). So on Linux a connection also
     /// ends when data sent on it stays unacknowledged for `idle` and 90 s (`TCP_USER_TIMEOUT`),
-    /// the time keepalive takes to give up.
+    /// the time keepalive takes to give up with Linux's defaults (the user timeout then stands
+    /// for the probe count: a host tuned to fewer probes finds a dead connection at that time
+    /// too).
     pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
         self.tcp_keepalive = idle;
         self
@@ -580,7 +582,10 @@ mod tests {
         assert_eq!(config.user_timeout, Some(Duration::from_secs(150)));
         assert!(config.keepalive.is_some());
         assert_eq!(tcp_config(None).user_timeout, None);
-        assert_eq!(tcp_config(Some(Duration::MAX)).user_timeout, Some(Duration::MAX));
+        assert_eq!(
+            tcp_config(Some(Duration::MAX)).user_timeout,
+            Some(Duration::MAX)
+        );
     }
 
     #[test]

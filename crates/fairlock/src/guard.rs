@@ -34,8 +34,9 @@ use crate::waiting::retry_within;
 /// Tokio runtime the lock was acquired on, so `drop` never blocks and never panics, even on a
 /// thread with no runtime. If that runtime has already shut down, no release can run; the
 /// renewal stopped with it, so the store frees the lock when its lease ends (at most one
-/// lease, 30 s by default), and the guard's [`lease_lost`](Self::lease_lost) completes then,
-/// awaited on any runtime. Prefer [`unlock`](Self::unlock) to learn whether the release
+/// lease, 30 s by default); [`is_lease_lost`](Self::is_lease_lost) turns true then, but
+/// [`lease_lost`](Self::lease_lost), which that runtime's keeper task raises, completes only
+/// once the guard is dropped. Prefer [`unlock`](Self::unlock) to learn whether the release
 /// succeeded.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 #[derive(Debug)]
@@ -250,8 +251,9 @@ impl LockGuard {
 
     /// A future that completes when the lease is lost: renewal failed until the lease ran out,
     /// the store no longer lists this owner as holder (expired, force-released: seen at the
-    /// next renewal, `extend` or [`is_held`](Self::is_held); a fixed lease has no renewals, so
-    /// call `is_held` now and then to learn of it before the lease ends), or a fixed lease ended
+    /// next renewal, `extend` or [`is_held`](Self::is_held), or at once for a force unlock
+    /// through this guard's own client; a fixed lease has no renewals, so call `is_held` now
+    /// and then to learn of it before the lease ends), or a fixed lease ended
     /// without [`extend`](Self::extend). It also completes once the guard is gone. Race your
     /// critical section against it to stop in time:
     ///
@@ -778,9 +780,9 @@ fn remaining(hold: &Hold, level: &Level) -> Duration {
 }
 
 /// Completes when the hold or the level is lost, or when either is gone or let go (the guard
-/// is released, which ends its lease too), or when the deadline passes (as `is_lost` counts
-/// it): the keeper flags that too, but it runs on the runtime the lock was acquired on, which
-/// may be gone while the guard lives on. `None`: already gone.
+/// is released, which ends its lease too). `None`: already gone. Only watches, no timer: the
+/// keeper flags a lease that ran out, and a timer here would tie the signal to a runtime
+/// with a time driver.
 fn lost_signal(
     parts: Option<(&Arc<Hold>, &Arc<Level>)>,
 ) -> impl Future<Output = ()> + Send + 'static {
@@ -789,13 +791,10 @@ fn lost_signal(
             hold.lost_receiver(),
             level.lost.subscribe(),
             level.let_go.subscribe(),
-            hold.deadline_receiver(),
-            level.unconfirmed_until.subscribe(),
         )
     });
     async move {
-        let Some((mut hold_lost, mut level_lost, mut let_go, deadline, unconfirmed)) = receivers
-        else {
+        let Some((mut hold_lost, mut level_lost, mut let_go)) = receivers else {
             return;
         };
         // An error means the guard is gone, which also ends the lease.
@@ -803,38 +802,6 @@ fn lost_signal(
             _ = hold_lost.wait_for(|lost| *lost) => {}
             _ = level_lost.wait_for(|lost| *lost) => {}
             _ = let_go.wait_for(|gone| *gone) => {}
-            () = deadline_passes(deadline, unconfirmed) => {}
-        }
-    }
-}
-
-/// Completes once the hold's deadline (or the pending level's, sooner) has passed, following
-/// raises; or when the guard is gone. Never without a Tokio timer to wait on (polled outside a
-/// runtime, the flags alone end the signal).
-async fn deadline_passes(
-    mut deadline: watch::Receiver<Instant>,
-    mut unconfirmed: watch::Receiver<Option<Instant>>,
-) {
-    if Handle::try_current().is_err() {
-        return std::future::pending().await;
-    }
-    loop {
-        let until = {
-            let deadline = *deadline.borrow_and_update();
-            unconfirmed
-                .borrow_and_update()
-                .map_or(deadline, |until| until.min(deadline))
-        };
-        // A raise is made only before the deadline passes (`Hold::raise_deadline`), so one
-        // seen after the timer fired means it had not passed: wait on.
-        tokio::select! {
-            () = tokio::time::sleep_until(until) => {
-                if !deadline.has_changed().unwrap_or(true) && !unconfirmed.has_changed().unwrap_or(true) {
-                    return;
-                }
-            }
-            changed = deadline.changed() => if changed.is_err() { return },
-            changed = unconfirmed.changed() => if changed.is_err() { return },
         }
     }
 }

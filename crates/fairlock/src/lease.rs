@@ -10,7 +10,7 @@
 //! the last moments before the deadline (see [`crate::deferred`]). Most holds end before
 //! either and never spawn it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -28,9 +28,16 @@ use crate::telemetry::{LostReason, Meter};
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
     map: Mutex<HashMap<(LockName, Owner, u64), Weak<Hold>>>,
+    /// The last holds a force release through this client freed: a grant of one read after
+    /// that (made before it: tokens are never reused) joins it lost.
+    revoked: Mutex<VecDeque<(LockName, Owner, u64)>>,
     /// Starts keepers (and hand-over confirmations) when they are due.
     pub(crate) deferred: Arc<Deferred>,
 }
+
+/// How many force-released holds [`Holds`] remembers (a grant read after its release is
+/// rare, and comes within a round trip of it).
+const REVOKED_KEPT: usize = 16;
 
 /// One hold as this process sees it.
 #[derive(Debug)]
@@ -85,10 +92,16 @@ impl Holds {
         let Ok(owner) = Owner::new(owner) else {
             return;
         };
-        let hold = self
-            .lock_map()
-            .get(&(name.clone(), owner, token))
-            .and_then(Weak::upgrade);
+        let key = (name.clone(), owner, token);
+        let hold = {
+            let map = self.lock_map();
+            let mut revoked = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
+            if revoked.len() == REVOKED_KEPT {
+                revoked.pop_front();
+            }
+            revoked.push_back(key.clone());
+            map.get(&key).and_then(Weak::upgrade)
+        };
         if let Some(hold) = hold {
             hold.mark_lost(LostReason::Revoked);
         }
@@ -114,6 +127,11 @@ impl Holds {
         // of a hold runs `Hold::drop`, which takes the map's lock.
         let mut stale = None;
         let mut map = self.lock_map();
+        let revoked = self
+            .revoked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key);
         if let Some(hold) = map.get(&key).and_then(Weak::upgrade) {
             // A hold already lost stays lost; a new grant of the same token means the store
             // still has it, so that guard starts a fresh record instead.
@@ -142,7 +160,7 @@ impl Holds {
         let hold = Arc::new(Hold {
             holds: Arc::downgrade(self),
             key: key.clone(),
-            lost: watch::Sender::new(false),
+            lost: watch::Sender::new(revoked),
             deadline: watch::Sender::new(until),
             watchdogs: watch::Sender::new({
                 let mut watchdogs = Watchdogs::default();
@@ -172,12 +190,15 @@ impl Holds {
         } else {
             until - head_start
         };
-        let keeper = self.deferred.spawn_at(
-            runtime,
-            start,
-            keep(shared.clone(), token, Arc::downgrade(&hold), first_renewal).instrument(span),
-        );
-        *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        // A hold known freed has nothing to keep.
+        if !revoked {
+            let keeper = self.deferred.spawn_at(
+                runtime,
+                start,
+                keep(shared.clone(), token, Arc::downgrade(&hold), first_renewal).instrument(span),
+            );
+            *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        }
         map.insert(key, Arc::downgrade(&hold));
         drop(map);
         drop(stale);
@@ -247,11 +268,6 @@ impl Hold {
 
     pub(crate) fn lost_receiver(&self) -> watch::Receiver<bool> {
         self.lost.subscribe()
-    }
-
-    /// The deadline, to follow as renewals raise it.
-    pub(crate) fn deadline_receiver(&self) -> watch::Receiver<Instant> {
-        self.deadline.subscribe()
     }
 
     /// A guard with the watchdog (of this watchdog lease) is gone.

@@ -1587,3 +1587,30 @@ async fn a_renewal_in_flight_follows_a_deadline_a_re_entry_raised() {
     );
     drop(inner);
 }
+
+/// A re-entry the store granted before a force unlock through this client, whose reply is read
+/// only after it: the hold it joins was freed, and its guard must know at once, as the other
+/// guards of the hold do (tokens are never reused, so a grant of that token came before).
+#[tokio::test(start_paused = true)]
+async fn a_grant_read_after_this_clients_force_unlock_of_its_hold_is_lost() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let owner = Arc::new(client.fair_lock("x").unwrap());
+    let first = owner.lock().await.unwrap();
+    *backend.acquire_reply_delay.lock().unwrap() = Duration::from_millis(100);
+    let reentry = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    *backend.acquire_reply_delay.lock().unwrap() = Duration::ZERO;
+    assert!(client.force_unlock("x").await.unwrap());
+    assert!(first.is_lease_lost(), "the holding guard was not told");
+    let second = reentry.await.unwrap().unwrap();
+    assert_eq!(second.fencing_token(), first.fencing_token());
+    assert!(
+        second.is_lease_lost(),
+        "the late re-entry believes it holds"
+    );
+    drop((first, second));
+}
