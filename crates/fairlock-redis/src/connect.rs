@@ -318,11 +318,11 @@ impl RedisBackendBuilder {
 /// [`RedisBackendBuilder::tcp_keepalive`]), and no Nagle delay, since commands share a
 /// connection and a small one must not wait for the reply to the one before.
 fn tcp_config(idle: Option<Duration>) -> TcpConfig {
+    use fred::socket2::TcpKeepalive;
     // Sent data unacknowledged for as long as keepalive takes to give up (9 probes 10 s
     // apart) ends the connection too: probes stop while data waits for its acknowledgement.
     #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
     let user_timeout = idle.map(|idle| idle.saturating_add(KEEPALIVE_GIVES_UP_AFTER));
-    use fred::socket2::TcpKeepalive;
     let keepalive = idle.map(|idle| {
         let keepalive = TcpKeepalive::new().with_time(idle);
         // Where the system lets a socket set it (socket2's list); elsewhere its default.

@@ -769,7 +769,7 @@ fn confirm_delay(waiter_ttl: Duration) -> Duration {
 /// What is left of a lease by the local clock: the hold's deadline, or the pending level's if
 /// sooner; zero once lost.
 fn remaining(hold: &Hold, level: &Level) -> Duration {
-    if hold.is_lost() || level.is_lost() || *level.let_go.borrow() {
+    if lease_ended(hold, level) {
         return Duration::ZERO;
     }
     let mut until = hold.deadline();
@@ -777,6 +777,11 @@ fn remaining(hold: &Hold, level: &Level) -> Duration {
         until = until.min(unconfirmed);
     }
     until.saturating_duration_since(Instant::now())
+}
+
+/// Whether a lease of this level is over: the hold or the level lost, or the guard let go.
+fn lease_ended(hold: &Hold, level: &Level) -> bool {
+    hold.is_lost() || level.is_lost() || *level.let_go.borrow()
 }
 
 /// Completes when the hold or the level is lost, or when either is gone or let go (the guard
@@ -868,7 +873,7 @@ impl Lease {
     /// [`LockGuard::is_lease_lost`].
     pub fn is_lease_lost(&self) -> bool {
         self.parts()
-            .is_none_or(|(hold, level)| hold.is_lost() || level.is_lost() || *level.let_go.borrow())
+            .is_none_or(|(hold, level)| lease_ended(&hold, &level))
     }
 
     /// The local estimate of the lease left; zero once lost or the guard is gone. See

@@ -27,12 +27,21 @@ use crate::telemetry::{LostReason, Meter};
 /// The holds this client's guards are part of, by lock, owner and token.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    map: Mutex<HashMap<(LockName, Owner, u64), Weak<Hold>>>,
-    /// The last holds a force release through this client freed: a grant of one read after
-    /// that (made before it: tokens are never reused) joins it lost.
-    revoked: Mutex<VecDeque<(LockName, Owner, u64)>>,
+    map: Mutex<HoldMap>,
     /// Starts keepers (and hand-over confirmations) when they are due.
     pub(crate) deferred: Arc<Deferred>,
+}
+
+/// A hold's key: lock, owner, fencing token.
+type HoldKey = (LockName, Owner, u64);
+
+/// The holds of live guards, and the last holds a force release through this client freed:
+/// a grant of one read after that (made before it: tokens are never reused) joins it lost.
+/// One lock for both, taken once by every grant.
+#[derive(Debug, Default)]
+struct HoldMap {
+    live: HashMap<HoldKey, Weak<Hold>>,
+    revoked: VecDeque<HoldKey>,
 }
 
 /// How many force-released holds [`Holds`] remembers (a grant read after its release is
@@ -43,7 +52,7 @@ const REVOKED_KEPT: usize = 16;
 #[derive(Debug)]
 pub(crate) struct Hold {
     holds: Weak<Holds>,
-    key: (LockName, Owner, u64),
+    key: HoldKey,
     /// `true` once the lease is known (or must be assumed) lost. Never goes back.
     lost: watch::Sender<bool>,
     /// The local instant by which the store's lease has surely not ended yet: the moment the
@@ -94,20 +103,20 @@ impl Holds {
         };
         let key = (name.clone(), owner, token);
         let hold = {
-            let map = self.lock_map();
-            let mut revoked = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
-            if revoked.len() == REVOKED_KEPT {
-                revoked.pop_front();
+            let mut map = self.lock_map();
+            if map.revoked.len() == REVOKED_KEPT {
+                map.revoked.pop_front();
             }
-            revoked.push_back(key.clone());
-            map.get(&key).and_then(Weak::upgrade)
+            let hold = map.live.get(&key).and_then(Weak::upgrade);
+            map.revoked.push_back(key);
+            hold
         };
         if let Some(hold) = hold {
             hold.mark_lost(LostReason::Revoked);
         }
     }
 
-    fn lock_map(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, Owner, u64), Weak<Hold>>> {
+    fn lock_map(&self) -> std::sync::MutexGuard<'_, HoldMap> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -127,12 +136,8 @@ impl Holds {
         // of a hold runs `Hold::drop`, which takes the map's lock.
         let mut stale = None;
         let mut map = self.lock_map();
-        let revoked = self
-            .revoked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&key);
-        if let Some(hold) = map.get(&key).and_then(Weak::upgrade) {
+        let revoked = map.revoked.contains(&key);
+        if let Some(hold) = map.live.get(&key).and_then(Weak::upgrade) {
             // A hold already lost stays lost; a new grant of the same token means the store
             // still has it, so that guard starts a fresh record instead.
             if *hold.lost.borrow() || !hold.raise_deadline(until) {
@@ -199,7 +204,7 @@ impl Holds {
             );
             *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
         }
-        map.insert(key, Arc::downgrade(&hold));
+        map.live.insert(key, Arc::downgrade(&hold));
         drop(map);
         drop(stale);
         hold
@@ -290,8 +295,12 @@ impl Drop for Hold {
         if let Some(holds) = self.holds.upgrade() {
             let mut map = holds.lock_map();
             // Only our own entry: a newer hold with the same key may have replaced it.
-            if map.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
-                map.remove(&self.key);
+            if map
+                .live
+                .get(&self.key)
+                .is_some_and(|w| w.strong_count() == 0)
+            {
+                map.live.remove(&self.key);
             }
         }
     }

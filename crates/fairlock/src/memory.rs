@@ -15,9 +15,9 @@ use crate::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, Grant, HolderState, LockBackend, LockState,
     LockSummary, ReleaseOutcome, WaiterState, Wake, WakeSender, Watch, RESEND_HORIZON,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::name::{LockName, Owner};
-use crate::options::MAX_DURATION;
+use crate::options::check_max;
 
 /// A lock store inside this process: for tests, and for programs whose contenders all live
 /// in one process.
@@ -96,16 +96,13 @@ impl<K: Clone + Eq + Ord + std::hash::Hash, V> Remembered<K, V> {
     /// Records `value` for `key` until a horizon from `from` (or later, if an earlier record
     /// lasts longer); returns the record it replaces.
     fn insert(&mut self, key: K, value: V, from: Instant) -> Option<V> {
-        let until = from + RESEND_HORIZON;
-        let Some((before_until, _)) = self.records.get(&key) else {
-            self.by_expiry.insert((until, key.clone()));
-            self.records.insert(key, (until, value));
-            return None;
-        };
-        let before_until = *before_until;
-        let until = until.max(before_until);
-        if before_until != until {
-            self.by_expiry.remove(&(before_until, key.clone()));
+        let before = self.records.get(&key).map(|(until, _)| *until);
+        let fresh = from + RESEND_HORIZON;
+        let until = before.map_or(fresh, |before| before.max(fresh));
+        if before != Some(until) {
+            if let Some(before) = before {
+                self.by_expiry.remove(&(before, key.clone()));
+            }
             self.by_expiry.insert((until, key.clone()));
         }
         self.records
@@ -572,18 +569,6 @@ fn wake(watchers: &mut Watchers, name: &LockName, owner: &Owner, message: Wake) 
     }
 }
 
-/// The core never sends a duration past [`MAX_DURATION`]; a direct caller that does gets an
-/// error before anything changes (the store's instants could not hold the end).
-fn within_limit(what: &'static str, value: Duration) -> Result<()> {
-    if value > MAX_DURATION {
-        return Err(Error::InvalidArgument {
-            what,
-            reason: format!("{value:?} is longer than {MAX_DURATION:?}"),
-        });
-    }
-    Ok(())
-}
-
 /// Unregisters a watch when it is dropped.
 struct Registration {
     shared: Weak<Mutex<Store>>,
@@ -607,8 +592,10 @@ impl Drop for Registration {
 #[async_trait]
 impl LockBackend for MemoryBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome> {
-        within_limit("lease", request.lease)?;
-        within_limit("waiter TTL", request.waiter_ttl)?;
+        // The core never sends a duration past the limit; a direct caller gets an error before
+        // anything changes (the store's instants could not hold the end).
+        check_max("lease", request.lease)?;
+        check_max("waiter TTL", request.waiter_ttl)?;
         Ok(self.store().acquire(request, Instant::now()))
     }
 
@@ -631,7 +618,7 @@ impl LockBackend for MemoryBackend {
         token: u64,
         lease: Duration,
     ) -> Result<bool> {
-        within_limit("lease", lease)?;
+        check_max("lease", lease)?;
         Ok(self
             .store()
             .extend(name, owner, token, lease, Instant::now()))
