@@ -89,6 +89,52 @@ fn slot_map_of(routing: &ClusterRouting) -> SlotMap {
         .collect()
 }
 
+/// The number of hash slots of a Redis Cluster.
+const HASH_SLOTS: usize = 16_384;
+
+/// Whether `slots` has every hash slot served.
+fn serves_every_slot(slots: &SlotMap) -> bool {
+    let served: usize = slots
+        .iter()
+        .map(|(start, end, _)| usize::from(end.saturating_sub(*start)) + 1)
+        .sum();
+    served == HASH_SLOTS
+}
+
+/// The slot whose node fred sends `subscriber`'s classic subscriptions to in a Cluster (see
+/// fred's `cluster_hash_legacy_command`); ignored elsewhere.
+fn classic_slot(subscriber: &SubscriberClient) -> u16 {
+    fred::util::redis_keyslot(subscriber.id().as_bytes())
+}
+
+/// The cluster's slot map, read with `CLUSTER SLOTS` from the nodes `client` routes to, one
+/// after the other until one answers with every slot served. A node that answers with less
+/// is out of the cluster or behind it: a node removed from the cluster and reset answers with
+/// no slots at all, and asking it alone (fred sends a command without a slot over one and
+/// the same connection) would hide every later change.
+async fn read_slot_map(client: &fred::clients::Client) -> Option<SlotMap> {
+    let nodes = client.cached_cluster_state()?.unique_hash_slots();
+    for slot in nodes {
+        let command = CustomCommand::new_static("CLUSTER", ClusterHash::Custom(slot), false);
+        match client
+            .custom::<Value, &str>(command, vec!["SLOTS"])
+            .await
+            .and_then(|reply| ClusterRouting::from_cluster_slots(reply, ""))
+        {
+            Ok(routing) => {
+                let slots = slot_map_of(&routing);
+                if serves_every_slot(&slots) {
+                    return Some(slots);
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "fairlock-redis: reading the slot map failed");
+            }
+        }
+    }
+    None
+}
+
 /// The slot map `client` routes with.
 fn slot_map(client: &impl ClusterInterface) -> Option<SlotMap> {
     client
@@ -309,46 +355,38 @@ impl Dispatcher {
                     .channels()
                     .values()
                     .any(|entry| entry.watches > 0);
-                if !watched || dispatcher.pubsub.known() != Some(PubsubMode::Sharded) {
+                if !watched || dispatcher.pubsub.known().is_none() {
                     continue;
                 }
-                let command = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
-                let slots = match client
-                    .custom::<Value, &str>(command, vec!["SLOTS"])
-                    .await
-                    .and_then(|reply| ClusterRouting::from_cluster_slots(reply, ""))
-                {
-                    Ok(routing) => slot_map_of(&routing),
-                    Err(error) => {
-                        tracing::debug!(%error, "fairlock-redis: reading the slot map failed");
-                        continue;
-                    }
-                };
-                dispatcher.topology_changed(Some(slots)).await;
+                if let Some(slots) = read_slot_map(&client).await {
+                    dispatcher.topology_changed(Some(slots)).await;
+                }
             }
         });
     }
 
     /// Someone read the cluster's slot map (fred reports every re-read, changed or not). When
-    /// it differs from the map the subscriptions were last made with, the subscriber re-reads
-    /// its own (its routes decide where `SSUBSCRIBE` goes), every watched channel is
-    /// subscribed again, and every waiter looks. The map recorded is the subscriber's: if it
-    /// read a stale view from a node that had not heard of the move yet, the next check
-    /// differs again and the subscriptions follow then.
+    /// it moved what the subscriptions stand on (see [`moved`](Self::moved)), the subscriber
+    /// re-reads its own (its routes decide where a subscribe goes, and it drops its
+    /// connections to nodes that left), every watched channel is subscribed again, and every
+    /// waiter looks. The map recorded is the subscriber's: if it read a stale view from a node
+    /// that had not heard of the move yet, the next check differs again and the subscriptions
+    /// follow then. A map that leaves slots unserved is no view of the cluster (a node that
+    /// was removed and reset answers with none): it is ignored.
     async fn topology_changed(&self, slots: Option<SlotMap>) {
-        if self.pubsub.known() != Some(PubsubMode::Sharded) {
-            return;
-        }
-        let Some(slots) = slots else {
+        let Some(mode) = self.pubsub.known() else {
             return;
         };
-        if self.known_slots().as_ref() == Some(&slots) {
+        let Some(slots) = slots.filter(serves_every_slot) else {
+            return;
+        };
+        if !self.moved(mode, &slots) {
             return;
         }
         // One run at a time; a change seen while one runs is compared again after it: every
         // client of the pool reports the same move, and the run before may have followed it.
         let _running = self.resync.lock().await;
-        if self.known_slots().as_ref() == Some(&slots) {
+        if !self.moved(mode, &slots) {
             return;
         }
         if self.subscriber.sync_cluster().await.is_err() {
@@ -359,6 +397,30 @@ impl Dispatcher {
         tracing::debug!("fairlock-redis: cluster slots moved; subscribing again");
         self.resubscribe().await;
         self.recheck_all();
+    }
+
+    /// Whether `slots`, the cluster's slot map now, moved what this dispatcher's subscriptions
+    /// stand on. Shard channels live with their slots: any change may have moved a watched
+    /// one. Classic channels are all on the node fred sends them to, the one serving the slot
+    /// of the subscriber's id, and a classic message reaches every node of the cluster: they
+    /// are lost only when that node leaves it (its slots resharded away, then `del-node`),
+    /// after which no message reaches it, whether it keeps running or not. As long as it
+    /// serves slots, subscribing again elsewhere would only double every message.
+    fn moved(&self, mode: PubsubMode, slots: &SlotMap) -> bool {
+        let known = self.known_slots();
+        match mode {
+            PubsubMode::Sharded => known.as_ref() != Some(slots),
+            PubsubMode::Classic => {
+                let slot = classic_slot(&self.subscriber);
+                let subscribed_on = known.as_ref().and_then(|known| {
+                    known
+                        .iter()
+                        .find(|(start, end, _)| (*start..=*end).contains(&slot))
+                        .map(|(_, _, node)| node)
+                });
+                subscribed_on.is_none_or(|node| !slots.iter().any(|(_, _, id)| id == node))
+            }
+        }
     }
 
     fn known_slots(&self) -> Option<SlotMap> {
@@ -449,9 +511,7 @@ impl Dispatcher {
             }
         }
         if mode == PubsubMode::Classic {
-            // The node fred sends classic subscriptions to in a Cluster (see fred's
-            // `cluster_hash_legacy_command`); ignored elsewhere.
-            let slot = fred::util::redis_keyslot(self.subscriber.id().as_bytes());
+            let slot = classic_slot(&self.subscriber);
             let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
             let _: Value = self.subscriber.custom(ping, Vec::<Value>::new()).await?;
         }

@@ -268,3 +268,108 @@ async fn callers_queued_behind_a_failing_detection_share_its_failure() {
     let _ = subscriber.quit().await;
     let _ = pool.quit().await;
 }
+
+/// A process's classic subscriptions live on one node of a Cluster (fred sends them where
+/// the subscriber's id hashes to), and a classic message reaches every node that is part of
+/// the cluster. When that node leaves (its slots resharded away, then `del-node`), a process
+/// still watching must subscribe again on a node that is in: here its waiter must still be
+/// woken at once, whether the node it left is shut down or keeps running on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_after_its_subscriptions_node_leaves_a_6_2_cluster() {
+    for shut_down in [true, false] {
+        waiter_outlives_its_subscriptions_node(shut_down).await;
+    }
+}
+
+async fn waiter_outlives_its_subscriptions_node(shut_down: bool) {
+    let mut cluster =
+        RedisCluster::start_binary(redis62_server(), 3, &[]).expect("the cluster starts");
+    let url = cluster.url();
+    let connect = || async {
+        LockClient::new(RedisBackend::connect(&url).await.expect("connects"))
+            .with_options(slow_polling())
+            .unwrap()
+    };
+    let (holder, waiter) = (connect().await, connect().await);
+    let lock = name();
+    let guard = holder
+        .fair_lock(lock.as_str())
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let waiting = {
+        let lock = waiter.fair_lock(lock.as_str()).unwrap();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    // The node holding the waiter's subscriptions: the one that lists channels.
+    let started = Instant::now();
+    let subscribed_on = loop {
+        let listing: Vec<usize> = (0..3)
+            .filter(|i| !cluster.cli(*i, &["PUBSUB", "CHANNELS"]).unwrap().is_empty())
+            .collect();
+        if let [node] = listing[..] {
+            break node;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "subscribed on {listing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Its slots go to the node of the lock's keys (the lock's slot moves there first if it
+    // was on the leaving node).
+    let key = format!("fairlock:{{{lock}}}:h");
+    let lock_node = cluster.node_for_key(&key).unwrap();
+    let to = if lock_node == subscribed_on {
+        (subscribed_on + 1) % 3
+    } else {
+        lock_node
+    };
+    println!(
+        "shut down: {shut_down}; ports {:?}; subscribed on node {subscribed_on}, the lock on node {lock_node}",
+        cluster.ports()
+    );
+    let gone = tokio::task::block_in_place(|| {
+        if lock_node == subscribed_on {
+            let slot: u16 = cluster
+                .cli(0, &["CLUSTER", "KEYSLOT", &key])
+                .unwrap()
+                .parse()
+                .unwrap();
+            cluster.migrate_slot(slot, to, Duration::ZERO).unwrap();
+        }
+        cluster
+            .remove_node(subscribed_on, to)
+            .expect("the node leaves")
+    });
+    // Kept running (until the end of this function) or shut down now.
+    let _gone = if shut_down {
+        drop(gone);
+        None
+    } else {
+        assert_ne!(
+            gone.cli(&["PUBSUB", "CHANNELS"]).unwrap(),
+            "",
+            "still subscribed there"
+        );
+        Some(gone)
+    };
+    // Time to notice (the slot map is read every second while a lock is watched).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let token = guard.fencing_token();
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter was not woken (it would have waited for its heartbeat)")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(next.fencing_token() > token);
+    assert!(
+        took < Duration::from_secs(1),
+        "shut down: {shut_down}: hand-over took {took:?}: not a wake-up"
+    );
+    next.unlock().await.unwrap();
+}

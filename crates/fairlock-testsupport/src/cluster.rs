@@ -498,6 +498,94 @@ impl RedisCluster {
     }
 }
 
+impl RedisCluster {
+    /// Takes master `index` out of the cluster the way `redis-cli --cluster reshard` and then
+    /// `--cluster del-node` do: hands every slot it serves to master `to` (the slots must hold
+    /// no keys: move those first with [`migrate_slot`](Self::migrate_slot), or flush the
+    /// node), makes every other node forget it, resets it (`CLUSTER RESET SOFT`), and waits
+    /// until the rest of the cluster settles. Returns the removed node, still running, on its
+    /// own and serving nothing; drop it (or [`stop`](RedisServer::stop) it) to shut it down.
+    /// The nodes after `index` move down one index.
+    ///
+    /// # Panics
+    ///
+    /// When `index` or `to` is not a node's index.
+    pub fn remove_node(&mut self, index: usize, to: usize) -> io::Result<RedisServer> {
+        let timeout = Duration::from_secs(5);
+        let keys = self.nodes[index]
+            .request(&["DBSIZE"], timeout)?
+            .into_text()?;
+        if keys != "0" {
+            return Err(io::Error::other(format!(
+                "node {index} still holds {keys} keys: move or flush them first"
+            )));
+        }
+        let (gone_id, to_id) = (self.node_id(index)?, self.node_id(to)?);
+        let slots = self.slots_of(index)?;
+        // The new owner first, then the old one (which lets go of a slot without keys), then
+        // the rest: no node ever sees a slot unassigned.
+        let mut order = vec![to, index];
+        order.extend((0..self.nodes.len()).filter(|i| *i != to && *i != index));
+        for node in order {
+            let texts: Vec<String> = slots.iter().map(u16::to_string).collect();
+            let commands: Vec<Vec<&str>> = texts
+                .iter()
+                .map(|slot| vec!["CLUSTER", "SETSLOT", slot.as_str(), "NODE", to_id.as_str()])
+                .collect();
+            for reply in self.nodes[node].pipeline(&commands, timeout)? {
+                expect_ok(reply)?;
+            }
+        }
+        // Its claims win any gossip that still carries the old owner's.
+        self.nodes[to]
+            .request(&["CLUSTER", "BUMPEPOCH"], timeout)?
+            .into_text()?;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if i != index {
+                expect_ok(node.request(&["CLUSTER", "FORGET", &gone_id], timeout)?)?;
+            }
+        }
+        expect_ok(self.nodes[index].request(&["CLUSTER", "RESET", "SOFT"], timeout)?)?;
+        let gone = self.nodes.remove(index);
+        self.wait_until_ok()?;
+        Ok(gone)
+    }
+
+    /// The slots master `index` serves, as it sees itself.
+    fn slots_of(&self, index: usize) -> io::Result<Vec<u16>> {
+        let nodes = self.nodes[index]
+            .request(&["CLUSTER", "NODES"], Duration::from_secs(2))?
+            .into_text()?;
+        let mine = nodes
+            .lines()
+            .find(|line| {
+                line.split_whitespace()
+                    .nth(2)
+                    .is_some_and(|flags| flags.contains("myself"))
+            })
+            .ok_or_else(|| io::Error::other("CLUSTER NODES has no line for the node itself"))?;
+        let mut slots = Vec::new();
+        // Fields 9 on are slots and ranges; an entry in brackets is a slot being moved.
+        for range in mine
+            .split_whitespace()
+            .skip(8)
+            .filter(|r| !r.starts_with('['))
+        {
+            let mut bounds = range.splitn(2, '-').map(str::parse::<u16>);
+            let bad =
+                || io::Error::new(io::ErrorKind::InvalidData, format!("slot range {range:?}"));
+            let first = bounds.next().ok_or_else(bad)?.map_err(|_| bad())?;
+            let last = bounds
+                .next()
+                .transpose()
+                .map_err(|_| bad())?
+                .unwrap_or(first);
+            slots.extend(first..=last);
+        }
+        Ok(slots)
+    }
+}
+
 /// Whether `node` answers `ROLE` as a master.
 fn is_master(node: &RedisServer) -> io::Result<bool> {
     match node.request(&["ROLE"], Duration::from_secs(2))? {

@@ -36,6 +36,19 @@ pub(crate) fn request(
     args: &[&str],
     timeout: Duration,
 ) -> io::Result<Reply> {
+    let mut replies = pipeline(port, password, &[args.to_vec()], timeout)?;
+    Ok(replies.pop().unwrap_or(Reply::Array(None)))
+}
+
+/// Like [`request`], for many commands written together on one connection (thousands of
+/// `CLUSTER SETSLOT`s take milliseconds, not a connection each). Returns their replies in
+/// order; a refused `AUTH` is the one reply.
+pub(crate) fn pipeline(
+    port: u16,
+    password: Option<&str>,
+    commands: &[Vec<&str>],
+    timeout: Duration,
+) -> io::Result<Vec<Reply>> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
@@ -47,11 +60,15 @@ pub(crate) fn request(
         writer.write_all(&encode(&["AUTH", password]))?;
         let reply = read_reply(&mut reader)?;
         if let Reply::Error(_) = reply {
-            return Ok(reply);
+            return Ok(vec![reply]);
         }
     }
-    writer.write_all(&encode(args))?;
-    read_reply(&mut reader)
+    let mut out = Vec::new();
+    for args in commands {
+        out.extend(encode(args));
+    }
+    writer.write_all(&out)?;
+    commands.iter().map(|_| read_reply(&mut reader)).collect()
 }
 
 fn encode(args: &[&str]) -> Vec<u8> {

@@ -369,6 +369,16 @@ impl RedisServer {
         resp::request(self.port, self.password.as_deref(), args, timeout)
     }
 
+    /// Sends many commands at once over a raw connection and reads their replies (internal:
+    /// cluster setup).
+    pub(crate) fn pipeline(
+        &self,
+        commands: &[Vec<&str>],
+        timeout: Duration,
+    ) -> io::Result<Vec<Reply>> {
+        resp::pipeline(self.port, self.password.as_deref(), commands, timeout)
+    }
+
     /// Spawns `redis-server` on `self.port` and waits until it answers.
     fn launch(&self) -> Result<Running, LaunchError> {
         let dir = self.dir.path();
