@@ -8,7 +8,7 @@ DECLARE
     l @schema@.locks;
     v_orig @schema@.locks;
     v_now timestamptz;
-    v_head @schema@.waiters;
+    v_front record;
     v_was_head boolean;
     v_freed boolean := false;
 BEGIN
@@ -23,8 +23,9 @@ BEGIN
         RETURN;
     END IF;
     l := @schema@._settle(l, v_now);
-    v_head := @schema@._head(p_name, v_now);
-    v_was_head := v_head.attempt = p_attempt;
+    v_front := @schema@._front(p_name, v_now);
+    -- Behind more dead entries than the call may clear, it may have been the first live one.
+    v_was_head := (v_front.head).attempt = p_attempt OR v_front.unknown;
     DELETE FROM @schema@.waiters WHERE name = p_name AND attempt = p_attempt;
     IF l.owner = p_owner THEN
         IF l.pending = p_attempt THEN

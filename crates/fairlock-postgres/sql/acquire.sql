@@ -3,8 +3,10 @@
 --   'G <token> <hold count>'  the attempt holds a level: a first grant, a re-entry, a
 --                             confirmed hand-over, or a level it already had (a re-send)
 --   'Q <ms> <last token>'     queued; <ms> = when the hold ends, if the caller is the head
---                             waiter (worth a look then), -1 otherwise; <last token> = the
---                             highest token issued for this lock (0 if none)
+--                             waiter (worth a look then), 0 if the lock is free but more
+--                             dead entries stand in front than one call clears (call again
+--                             at once), -1 otherwise; <last token> = the highest token
+--                             issued for this lock (0 if none)
 --   'B'                       busy, and the request did not ask to queue; or the attempt is
 --                             spent (a late re-send), which changes nothing
 CREATE OR REPLACE FUNCTION @schema@.acquire(
@@ -16,7 +18,9 @@ DECLARE
     v_orig @schema@.locks;
     v_now timestamptz;
     v_spent boolean;
+    v_front record;
     v_head @schema@.waiters;
+    v_unknown boolean;
     v_mine @schema@.waiters;
     v_token bigint;
     v_deadline timestamptz;
@@ -64,8 +68,23 @@ BEGIN
         RETURN 'G ' || l.token || ' ' || @schema@._count(l);
     END IF;
 
-    v_head := @schema@._head(p_name, v_now);
-    IF l.owner IS NULL AND (v_head.seq IS NULL OR v_head.attempt = p_attempt) THEN
+    v_front := @schema@._front(p_name, v_now);
+    v_head := v_front.head;
+    v_unknown := v_front.unknown;
+    IF v_unknown AND (SELECT count(*) FROM (SELECT 1 FROM @schema@.waiters
+                                            WHERE name = p_name AND deadline > v_now
+                                            LIMIT 2) live) = 1 THEN
+        -- More dead entries in front than this call may clear; if the one live entry is the
+        -- caller's, it is first all the same.
+        SELECT * INTO v_mine FROM @schema@.waiters
+        WHERE name = p_name AND attempt = p_attempt AND deadline > v_now;
+        IF FOUND THEN
+            v_head := v_mine;
+            v_unknown := false;
+        END IF;
+        v_mine := NULL;
+    END IF;
+    IF l.owner IS NULL AND NOT v_unknown AND (v_head.seq IS NULL OR v_head.attempt = p_attempt) THEN
         -- Free, and nobody live ahead: a first grant, with a new token.
         IF v_head.seq IS NOT NULL THEN
             DELETE FROM @schema@.waiters WHERE name = p_name AND seq = v_head.seq;
@@ -103,7 +122,7 @@ BEGIN
     ELSE
         INSERT INTO @schema@.waiters (name, seq, attempt, owner, ttl_ms, deadline)
         VALUES (p_name, l.next_seq, p_attempt, p_owner, p_ttl_ms, v_deadline);
-        IF v_head.seq IS NULL THEN
+        IF v_head.seq IS NULL AND NOT v_unknown THEN
             v_head.seq := l.next_seq;
             v_head.attempt := p_attempt;
         END IF;
@@ -113,9 +132,14 @@ BEGIN
     PERFORM @schema@._save(l, v_orig, v_now, p_margin_ms);
     PERFORM @schema@._gc(p_name, v_now);
 
-    IF l.owner IS NOT NULL AND v_head.attempt = p_attempt THEN
-        -- The head waiter may look again when the hold ends: its lease, or sooner when its
-        -- only level is a pending one.
+    IF v_unknown AND l.owner IS NULL THEN
+        -- Free, but the dead in front are not all cleared: ask again at once to clear more.
+        RETURN 'Q 0 ' || l.last_token;
+    END IF;
+    IF l.owner IS NOT NULL AND (v_head.attempt = p_attempt OR v_unknown) THEN
+        -- The head waiter (or, behind dead entries not cleared yet, any waiter: it may be the
+        -- head) may look again when the hold ends: its lease, or sooner when its only level
+        -- is a pending one.
         v_ends := l.lease_until;
         IF cardinality(l.levels) = 0 AND l.pending_until IS NOT NULL THEN
             v_ends := least(v_ends, l.pending_until);

@@ -199,21 +199,29 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                    WHERE name = p_name AND attempt = p_attempt AND until > v_now)
 $$;
 
--- The first live queue entry of the lock (all NULLs if none). Deletes up to 8 expired entries
--- from anywhere in the queue, then any expired ones in front of the head: each entry is
--- deleted once, so this is amortised O(log n) in the queue length (index scans only).
+-- The lock's first live queue entry (`head`, all NULLs if none), found by deleting up to 8
+-- expired entries from anywhere in its queue, then the expired ones in front of the head, at
+-- most 64 of those: each entry is deleted once, so this is amortised O(log n) in the queue
+-- length (index scans only), and no call does more than a bounded part of it. A mass death
+-- in front (many processes crashed at once) is cleared over several calls: one call clearing
+-- it all could outlast the statement limit, be rolled back, and clear nothing, every time.
+-- `unknown`: the budget ran out with expired entries still in front and live ones behind
+-- them, so who is first is not known yet (head is all NULLs then).
 -- (This and _gc find a few rows of a lock by index order. Before the table's statistics
 -- know how many rows a lock has, the planner may read all of its rows instead, with a bitmap
 -- or sequential scan and a sort: so neither is used.)
-CREATE OR REPLACE FUNCTION @schema@._head(p_name text, v_now timestamptz)
-RETURNS @schema@.waiters LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+CREATE OR REPLACE FUNCTION @schema@._front(p_name text, v_now timestamptz,
+                                          OUT head @schema@.waiters, OUT unknown boolean)
+LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
 DECLARE
     w @schema@.waiters;
     v_seq bigint;
     -- The last front entry deleted: entries deleted by this transaction stay in the index
     -- until it commits, so each pass starts after them (else k deletions cost O(k^2)).
     v_after bigint := -9223372036854775808;
+    v_budget integer := 64;
 BEGIN
+    unknown := false;
     -- Row by row, by primary key: a single DELETE ... WHERE seq IN (subquery) may be given
     -- a plan that scans the lock's whole queue.
     FOR v_seq IN
@@ -227,12 +235,22 @@ BEGIN
         SELECT * INTO w FROM @schema@.waiters WHERE name = p_name AND seq > v_after
         ORDER BY seq LIMIT 1;
         IF NOT FOUND OR w.deadline > v_now THEN
-            RETURN w;
+            head := w;
+            RETURN;
+        END IF;
+        IF v_budget = 0 THEN
+            -- Whether anyone live stands behind them (by the deadline index: no walk).
+            unknown := EXISTS (SELECT 1 FROM @schema@.waiters
+                               WHERE name = p_name AND deadline > v_now);
+            RETURN;
         END IF;
         DELETE FROM @schema@.waiters WHERE name = p_name AND seq = w.seq;
         v_after := w.seq;
+        v_budget := v_budget - 1;
     END LOOP;
 END $$;
+-- The version before the budget, which returned the head alone.
+DROP FUNCTION IF EXISTS @schema@._head(text, timestamptz);
 
 -- The lock has just become free (l.owner IS NULL): hand it to the head live waiter as a new
 -- hold whose only level is pending, lapsing (with the lease) after the waiter's liveness
@@ -243,9 +261,17 @@ RETURNS @schema@.locks LANGUAGE plpgsql AS $$
 DECLARE
     w @schema@.waiters;
     v_token bigint;
+    v_front record;
 BEGIN
-    w := @schema@._head(l.name, v_now);
+    v_front := @schema@._front(l.name, v_now);
+    w := v_front.head;
     IF w.seq IS NULL THEN
+        IF v_front.unknown THEN
+            -- Live waiters stand behind more dead ones than this call may clear: the lock
+            -- stays free, and every waiter of it looks again; their calls clear the rest and
+            -- the first live one takes it (a newcomer cannot: it finds them in front of it).
+            PERFORM pg_notify(@channel@, 'A' || E'\n' || l.name);
+        END IF;
         RETURN l;
     END IF;
     DELETE FROM @schema@.waiters WHERE name = l.name AND seq = w.seq;
@@ -265,15 +291,18 @@ BEGIN
     RETURN l;
 END $$;
 
--- Tells the head live waiter's owner to look again (the lock is free and the head changed).
+-- Tells the head live waiter's owner to look again (the lock is free and the head changed);
+-- every waiter of the lock, when more dead ones stand in front than this call may clear.
 CREATE OR REPLACE FUNCTION @schema@._recheck_head(p_name text, v_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    w @schema@.waiters;
+    v_front record;
 BEGIN
-    w := @schema@._head(p_name, v_now);
-    IF w.seq IS NOT NULL THEN
-        PERFORM pg_notify(@channel@, 'R ' || w.owner || E'\n' || p_name);
+    v_front := @schema@._front(p_name, v_now);
+    IF (v_front.head).seq IS NOT NULL THEN
+        PERFORM pg_notify(@channel@, 'R ' || (v_front.head).owner || E'\n' || p_name);
+    ELSIF v_front.unknown THEN
+        PERFORM pg_notify(@channel@, 'A' || E'\n' || p_name);
     END IF;
 END $$;
 
@@ -341,8 +370,11 @@ BEGIN
             END LOOP;
         END IF;
     END IF;
+    -- Only rows whose queue is cleared: deleting a row deletes its entries with it, and a
+    -- mass death left too many of them for one call (the step above clears them 8 a call).
     FOR v_name IN
-        SELECT name FROM @schema@.locks WHERE gc_after <= v_now AND name <> p_name
+        SELECT name FROM @schema@.locks l WHERE gc_after <= v_now AND name <> p_name
+          AND NOT EXISTS (SELECT 1 FROM @schema@.waiters w WHERE w.name = l.name)
         ORDER BY gc_after LIMIT 2 FOR UPDATE SKIP LOCKED
     LOOP
         DELETE FROM @schema@.locks WHERE name = v_name;

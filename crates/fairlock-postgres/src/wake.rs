@@ -2,8 +2,10 @@
 //!
 //! The SQL functions `pg_notify` one channel per schema (`<schema>_wake`), inside their
 //! transaction, so a notification is sent only if the change it announces commits. Payloads:
-//! `G <token> <attempt> <owner>\n<lock name>` (the lock was handed to that attempt) and
-//! `R <owner>\n<lock name>` (look again). Owners contain no control characters, so the first
+//! `G <token> <attempt> <owner>\n<lock name>` (the lock was handed to that attempt),
+//! `R <owner>\n<lock name>` (look again) and `A\n<lock name>` (every waiter of the lock looks
+//! again: more dead waiters stand in front than one call clears). Owners contain no control
+//! characters, so the first
 //! newline ends the owner and the rest, newlines included, is the lock's name. A payload is at
 //! most about 830 bytes (512-byte names, 256-byte owners), far below the 8000-byte limit.
 //!
@@ -95,7 +97,7 @@ impl Dispatcher {
     }
 
     fn deliver(&self, payload: &str) {
-        let Some((name, owner, wake)) = parse(payload) else {
+        let Some((name, audience, wake)) = parse(payload) else {
             tracing::debug!(
                 payload,
                 "fairlock-postgres: ignoring an unknown notification"
@@ -103,6 +105,16 @@ impl Dispatcher {
             return;
         };
         let mut watches = self.watches();
+        let Some(owner) = audience else {
+            // Rare (a mass death in front of a queue): a pass over this process's watches.
+            watches.retain(|(lock, _), senders| {
+                if lock == name {
+                    senders.retain(|sender| sender.send(wake));
+                }
+                !senders.is_empty()
+            });
+            return;
+        };
         let key = (name.to_owned(), owner.to_owned());
         if let Some(senders) = watches.get_mut(&key) {
             senders.retain(|sender| sender.send(wake));
@@ -229,11 +241,15 @@ async fn listen_loop(dispatcher: Weak<Dispatcher>, config: tokio_postgres::Confi
     }
 }
 
-/// `G <token> <attempt> <owner>\n<name>` or `R <owner>\n<name>`: (name, owner, wake).
-fn parse(payload: &str) -> Option<(&str, &str, Wake)> {
+/// `G <token> <attempt> <owner>\n<name>`, `R <owner>\n<name>` or `A\n<name>`: (name, the owner
+/// told, or `None` for every owner, wake).
+fn parse(payload: &str) -> Option<(&str, Option<&str>, Wake)> {
     let (head, name) = payload.split_once('\n')?;
+    if head == "A" {
+        return Some((name, None, Wake::Recheck));
+    }
     let (kind, rest) = head.split_once(' ')?;
-    match kind {
+    let (name, owner, wake) = match kind {
         "G" => {
             let (token, rest) = rest.split_once(' ')?;
             let (attempt, owner) = rest.split_once(' ')?;
@@ -244,11 +260,12 @@ fn parse(payload: &str) -> Option<(&str, &str, Wake)> {
                     hold_count: 1,
                 },
             };
-            Some((name, owner, wake))
+            (name, owner, wake)
         }
-        "R" => Some((name, rest, Wake::Recheck)),
-        _ => None,
-    }
+        "R" => (name, rest, Wake::Recheck),
+        _ => return None,
+    };
+    Some((name, Some(owner), wake))
 }
 
 #[cfg(test)]
@@ -263,7 +280,7 @@ mod tests {
             parse(&format!("G 17 {attempt} job 42\nlock\nwith lines")),
             Some((
                 "lock\nwith lines",
-                "job 42",
+                Some("job 42"),
                 Wake::Granted {
                     attempt,
                     grant: Grant {
@@ -273,7 +290,9 @@ mod tests {
                 }
             ))
         );
-        assert_eq!(parse("R a b\nx"), Some(("x", "a b", Wake::Recheck)));
+        assert_eq!(parse("R a b\nx"), Some(("x", Some("a b"), Wake::Recheck)));
+        assert_eq!(parse("A\nx\ny"), Some(("x\ny", None, Wake::Recheck)));
+        assert_eq!(parse("A b\nx"), None);
         assert_eq!(parse(&format!("G x {attempt} owner\nx")), None);
         assert_eq!(parse("G 17 not-an-attempt owner\nx"), None);
         assert_eq!(parse("G 17 owner\nx"), None);

@@ -8,7 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{name, owner, request, Server};
-use fairlock::backend::{AcquireOutcome, AcquireRequest, LockBackend, RESEND_HORIZON};
+use fairlock::backend::{
+    AcquireOutcome, AcquireRequest, LockBackend, ReleaseOutcome, RESEND_HORIZON,
+};
 use fairlock_postgres::tokio_postgres::{self, types::ToSql, NoTls};
 use fairlock_postgres::PostgresBackend;
 use uuid::Uuid;
@@ -371,4 +373,200 @@ async fn list_reads_only_the_names_under_its_prefix() {
             "list({prefix:?}) touched {cost} buffers with 5,000 locks after it"
         );
     }
+}
+
+/// Waiters that died in front of the queue in great numbers (many processes crashed at once)
+/// are cleared a bounded number per call, never all by one: the call that met them deleted
+/// every one, so with enough of them it outlasted the backend's statement limit, was rolled
+/// back, and cleared nothing, again and again. A release that meets them hands the lock to
+/// nobody while dead ones stay in front and tells the lock's waiters to look; the live waiter
+/// behind them is served within a few calls of its own, each answered to call again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mass_death_in_front_is_cleared_a_bounded_number_per_call() {
+    use fairlock::backend::Wake;
+
+    const DEAD: usize = 1000;
+    // The most entries one call deletes: 64 in front of the head, 8 anywhere in its queue,
+    // 8 by the clean-up.
+    const PER_CALL: i64 = 80;
+    let server = Server::start();
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let lock = name();
+    let rows = || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM fairlock.waiters WHERE name = $1",
+                &[&lock.as_str()],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+
+    let holding = request(&lock, &owner("holder"), true);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
+        panic!("the first acquire is granted");
+    };
+    let dying: Vec<_> = (0..DEAD)
+        .map(|i| AcquireRequest {
+            waiter_ttl: Duration::from_secs(2),
+            ..request(&lock, &owner(&format!("d{i}")), true)
+        })
+        .collect();
+    join_all_queued(&backend, &dying).await;
+    // Two live waiters behind them: neither is first for sure before the dead are cleared.
+    let [survivor, second] = ["survivor", "second"].map(|who| AcquireRequest {
+        waiter_ttl: Duration::from_secs(120),
+        ..request(&lock, &owner(who), true)
+    });
+    let mut watches = Vec::new();
+    for live in [&survivor, &second] {
+        watches.push(backend.watch(&lock, &live.owner).await.unwrap());
+        assert!(matches!(
+            backend.acquire(live).await.unwrap(),
+            AcquireOutcome::Queued { .. }
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(rows().await, DEAD as i64 + 2);
+
+    let released = backend
+        .release(&lock, &holding.owner, grant.token, holding.attempt)
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseOutcome::Released { remaining: 0 });
+    let left = rows().await;
+    println!("the release deleted {} entries", DEAD as i64 + 2 - left);
+    assert!(
+        DEAD as i64 + 2 - left <= PER_CALL,
+        "the release deleted {} dead entries in one call",
+        DEAD as i64 + 2 - left
+    );
+    let state = backend.inspect(&lock).await.unwrap();
+    assert!(state.holder.is_none(), "handed to nobody yet: {state:?}");
+    for watch in &mut watches {
+        let wake = tokio::time::timeout(Duration::from_secs(5), watch.recv()).await;
+        assert_eq!(
+            wake,
+            Ok(Some(Wake::Recheck)),
+            "every waiter is told to look"
+        );
+    }
+
+    let mut calls = 0;
+    loop {
+        let before = rows().await;
+        let outcome = backend.acquire(&survivor).await.unwrap();
+        let deleted = before - rows().await;
+        calls += 1;
+        println!("call {calls}: {outcome:?}, {deleted} entries deleted");
+        match outcome {
+            // Its own entry goes too.
+            AcquireOutcome::Granted(_) => {
+                assert!(deleted <= PER_CALL + 1, "call {calls} deleted {deleted}");
+                break;
+            }
+            AcquireOutcome::Queued { retry_after, .. } => assert_eq!(
+                retry_after,
+                Some(Duration::ZERO),
+                "a waiter behind dead ones it may not clear yet calls again at once"
+            ),
+            other => panic!("the survivor's call {calls}: {other:?}"),
+        }
+        assert!(
+            deleted <= PER_CALL,
+            "call {calls} deleted {deleted} dead entries"
+        );
+        assert!(calls <= DEAD / 64 + 2, "not served after {calls} calls");
+    }
+    assert!(calls > 1, "the dead were cleared over several calls");
+    let state = backend.inspect(&lock).await.unwrap();
+    assert_eq!(state.waiters.len(), 1, "the second waits: {state:?}");
+}
+
+/// An idle lock's row goes (its fence margin passed) only once its queue is cleared: deleting
+/// the row deleted every entry of its queue with it, so a row left by a mass death made one
+/// call's clean-up (any call, on any lock) delete them all, past the statement limit when they
+/// are many, and that call was rolled back every time. The entries go a bounded number per
+/// call instead, then the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_row_left_by_a_mass_death_goes_a_bounded_part_per_call() {
+    const DEAD: usize = 1000;
+    // What one call's clean-up deletes of another lock's dead entries.
+    const PER_CALL: i64 = 8;
+    let server = Server::start();
+    let backend = PostgresBackend::builder(server.url())
+        .fence_margin(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let lock = name();
+    let rows = || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM fairlock.waiters WHERE name = $1",
+                &[&lock.as_str()],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let short = |who: &str| AcquireRequest {
+        lease: Duration::from_secs(1),
+        waiter_ttl: Duration::from_secs(1),
+        ..request(&lock, &owner(who), true)
+    };
+    let AcquireOutcome::Granted(_) = backend.acquire(&short("holder")).await.unwrap() else {
+        panic!("the first acquire is granted");
+    };
+    let dying: Vec<_> = (0..DEAD).map(|i| short(&format!("d{i}"))).collect();
+    join_all_queued(&backend, &dying).await;
+    // Everything expires, then the fence margin passes; nobody touches the lock.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(rows().await, DEAD as i64);
+
+    let other = name();
+    let pass = |calls: usize| {
+        let backend = backend.clone();
+        let other = other.clone();
+        async move {
+            let passer = request(&other, &owner(&format!("p{calls}")), false);
+            let AcquireOutcome::Granted(grant) = backend.acquire(&passer).await.unwrap() else {
+                panic!("another lock is free");
+            };
+            backend
+                .release(&other, &passer.owner, grant.token, passer.attempt)
+                .await
+                .unwrap();
+        }
+    };
+    let mut calls = 0;
+    while rows().await > 0 {
+        let before = rows().await;
+        pass(calls).await;
+        calls += 1;
+        let deleted = before - rows().await;
+        assert!(
+            deleted <= 2 * PER_CALL,
+            "two calls on another lock deleted {deleted} of its dead entries"
+        );
+        assert!(calls <= DEAD, "not cleared after {calls} calls");
+    }
+    // Then the row itself.
+    pass(calls).await;
+    let row = client
+        .query_opt(
+            "SELECT 1 FROM fairlock.locks WHERE name = $1",
+            &[&lock.as_str()],
+        )
+        .await
+        .unwrap();
+    assert!(
+        row.is_none(),
+        "the idle row stays after its queue was cleared"
+    );
 }
