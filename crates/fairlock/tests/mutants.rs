@@ -7,8 +7,11 @@
 //! out of time (the runs share two threads), and a faithful wrapper run beside the mutants
 //! must pass every check. Checks with no mutant of their own: `invalid_input_is_rejected`
 //! (such input never reaches the store), and `lost_wakeups_still_progress`,
-//! `nested_lock_after_hand_over`, `one_lease_per_hold` and `lease_lost_signal`, which check
-//! the core's waiting and lease handling over the clauses the mutants here break.
+//! `nested_lock_after_hand_over` and `lease_lost_signal`, which check the core's waiting and
+//! lease handling over the clauses the mutants here break. MUSTs without a mutant, since no
+//! check of the suite could see their breach: *Clock* (the suite's instances share one host
+//! clock) and *Atomicity* (a check-then-act race shows only by chance, under the contention
+//! of `mutual_exclusion` and the model check).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -122,6 +125,19 @@ enum Kind {
     /// sent before the lapse is served as a fresh attempt. Caught by the slow check that is
     /// not in the suite (`a_lapsed_hand_over_forgotten_early_is_caught`).
     ForgetsLapsedHandOvers,
+    /// An abandoned attempt is forgotten (a released one is not): its `acquire` delivered
+    /// again counts as a new attempt, queued again or granted a free lock.
+    ForgetsAbandoned,
+    /// A new attempt of an owner whose hold expired re-enters that hold: the old token, one
+    /// more level (a store that matches the owner without the lease, played by rewriting the
+    /// grant the inner store makes).
+    RevivesExpired,
+    /// `extend` sets the lease to its own from now, shortening it (the hold ends then: played
+    /// by a force release at that time, unless a later extend moved it).
+    ExtendShortens,
+    /// A re-entry leaves the attempt's queue entry behind (played by a leftover entry, which
+    /// a later hand-over could be given).
+    ReentryKeepsEntry,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -178,9 +194,17 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::QueuedTokenTooHigh => &["hand_over"],
         Kind::ExtendConfirms => &["heartbeat_keeps_place_and_grantee_confirms"],
         Kind::ForgetsLapsedHandOvers => &["lapsed_hand_over_stays_spent"],
+        Kind::ForgetsAbandoned => &["abandoned_attempts_stay_ended"],
+        Kind::RevivesExpired => &["expired_hold_stays_ended"],
+        Kind::ExtendShortens => &["one_lease_per_hold"],
+        Kind::ReentryKeepsEntry => &["shared_handle_counts_each_guard"],
         Kind::Faithful => &[],
     }
 }
+
+/// A hold as the mutant that revives expired holds saw it granted: its token, hold count and
+/// when its lease ends.
+type SeenHold = (u64, u32, tokio::time::Instant);
 
 /// Tokens are shown as `FLIP - token`, so they decrease.
 const FLIP: u64 = u64::MAX / 2;
@@ -225,6 +249,10 @@ struct Sent {
     last_token: Mutex<HashMap<LockName, u64>>,
     /// When each attempt was last answered `Queued`.
     last_queued: Mutex<HashMap<AttemptId, tokio::time::Instant>>,
+    /// Each owner's last hold per lock.
+    holds: Mutex<HashMap<(LockName, String), SeenHold>>,
+    /// When the last `extend` of each hold (by token) set it to end.
+    extended_to: Mutex<HashMap<u64, tokio::time::Instant>>,
 }
 
 impl Mutant {
@@ -445,6 +473,16 @@ impl LockBackend for Mutant {
                 inner.attempt = AttemptId::random();
             }
         }
+        if self.kind == Kind::ForgetsAbandoned
+            && self
+                .sent
+                .abandoned
+                .lock()
+                .unwrap()
+                .contains(&request.attempt)
+        {
+            inner.attempt = AttemptId::random();
+        }
         if self.kind == Kind::SpentReenters
             && self
                 .sent
@@ -505,7 +543,49 @@ impl LockBackend for Mutant {
         } else {
             false
         };
+        let reentering_from_queue = if self.kind == Kind::ReentryKeepsEntry {
+            let state = self.inner.inspect(&request.name).await?;
+            state
+                .holder
+                .is_some_and(|h| h.owner == request.owner.as_str())
+                && state.waiters.iter().any(|w| w.attempt == inner.attempt)
+        } else {
+            false
+        };
         let mut outcome = self.inner.acquire(&inner).await?;
+        if let (true, AcquireOutcome::Granted(_)) = (reentering_from_queue, &outcome) {
+            // The entry stays behind (under another owner name, since the store re-enters
+            // any attempt of the holder).
+            let leftover = AcquireRequest {
+                owner: Owner::new(format!("{}~entry", request.owner))?,
+                attempt: AttemptId::random(),
+                queue: true,
+                ..inner.clone()
+            };
+            self.inner.acquire(&leftover).await?;
+        }
+        if self.kind == Kind::RevivesExpired {
+            let now = tokio::time::Instant::now();
+            let key = (request.name.clone(), request.owner.to_string());
+            let mut holds = self.sent.holds.lock().unwrap();
+            if let AcquireOutcome::Granted(grant) = &mut outcome {
+                let end = now + request.lease;
+                match holds.get(&key).copied() {
+                    Some((token, count, ended)) if grant.hold_count == 1 && ended <= now => {
+                        // The store found its expired hold and re-entered it.
+                        grant.token = token;
+                        grant.hold_count = count + 1;
+                        holds.insert(key, (token, count + 1, end));
+                    }
+                    Some((token, _, ended)) if token == grant.token => {
+                        holds.insert(key, (token, grant.hold_count, ended.max(end)));
+                    }
+                    _ => {
+                        holds.insert(key, (grant.token, grant.hold_count, end));
+                    }
+                }
+            }
+        }
         if self.kind == Kind::ForgetsLapsedHandOvers {
             let now = tokio::time::Instant::now();
             let forgotten = {
@@ -690,6 +770,22 @@ impl LockBackend for Mutant {
             .inner
             .extend(name, owner, self.token_in(token), lease)
             .await?;
+        if extended && self.kind == Kind::ExtendShortens {
+            let end = tokio::time::Instant::now() + lease;
+            self.sent.extended_to.lock().unwrap().insert(token, end);
+            let (store, sent, name) = (
+                Arc::clone(&self.inner),
+                Arc::clone(&self.sent),
+                name.clone(),
+            );
+            tokio::spawn(async move {
+                tokio::time::sleep_until(end).await;
+                // Unless a later extend moved the end.
+                if sent.extended_to.lock().unwrap().get(&token) == Some(&end) {
+                    let _ = store.force_release(&name, token).await;
+                }
+            });
+        }
         Ok(extended || self.kind == Kind::ExtendHidesLoss)
     }
 
@@ -878,6 +974,10 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::HeartbeatsDoNotRefresh,
         Kind::QueuedTokenTooHigh,
         Kind::ExtendConfirms,
+        Kind::ForgetsAbandoned,
+        Kind::RevivesExpired,
+        Kind::ExtendShortens,
+        Kind::ReentryKeepsEntry,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

@@ -28,8 +28,8 @@ async fn still_excluded(client: &crate::LockClient, name: &str, what: &str) {
 }
 
 /// One handle shared by two tasks (`Arc<FairLock>`), both waiting behind another owner: when
-/// the lock reaches them each gets its own level (hold counts 1 and 2, one token), and the
-/// first unlock leaves the lock held for the second guard.
+/// the lock reaches them each gets its own level (hold counts 1 and 2, one token, neither left
+/// in the queue), and the first unlock leaves the lock held for the second guard.
 pub async fn shared_handle_counts_each_guard(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "shared_handle_counts_each_guard";
     let client = support::client(&backend);
@@ -77,6 +77,12 @@ pub async fn shared_handle_counts_each_guard(backend: Arc<dyn LockBackend>) {
         state.holder.as_ref().map(|h| h.hold_count),
         Some(2),
         "{CHECK}: the store must count both guards: {state:?}"
+    );
+    // The second guard's attempt re-entered from the queue: its entry must be gone, or it
+    // would be handed the lock again when it reaches the front.
+    assert!(
+        state.waiters.is_empty(),
+        "{CHECK}: a re-entry must take its attempt out of the queue: {state:?}"
     );
     let second = guards.pop().expect("two guards");
     guards

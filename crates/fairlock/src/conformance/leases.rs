@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use tokio::time::{sleep, timeout, Instant};
 
-use super::support::{self, OrFail, Waiter};
-use crate::backend::LockBackend;
+use super::support::{self, raw_acquire_as, OrFail, Waiter};
+use crate::backend::{AcquireOutcome, AttemptId, LockBackend, ReleaseOutcome};
 use crate::error::Error;
+use crate::name::{LockName, Owner};
 
 /// A holder with a short fixed lease (300 ms) that is never renewed loses the lock when the
 /// lease ends: the queued waiter gets it with a larger token, not before the lease could have
@@ -174,4 +175,69 @@ pub async fn lease_lost_signal(backend: Arc<dyn LockBackend>) {
         matches!(unlocked, Err(Error::LeaseLost { .. })),
         "{CHECK}: unlock after the lease ran out: expected LeaseLost, got {unlocked:?}"
     );
+}
+
+/// A hold whose lease ran out is gone for its own owner too: its `extend` answers `false`
+/// and revives nothing, its attempt's `acquire` delivered again answers `Busy`, and a new
+/// attempt of the same owner is a new grant (a larger token, hold count 1), not a re-entry of
+/// the hold it had. A store that expires lazily and matches the owner and token without the
+/// lease would otherwise bring the hold back, its dead levels with it.
+pub async fn expired_hold_stays_ended(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "expired_hold_stays_ended";
+    let lease = Duration::from_millis(300);
+    let ttl = support::WAITER_TTL;
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let owner = Owner::unique();
+    let (first, second) = (AttemptId::random(), AttemptId::random());
+    let granted = raw_acquire_as(&backend, &name, &owner, first, lease, ttl, false).await;
+    let AcquireOutcome::Granted(hold) = granted else {
+        panic!("{CHECK}: a fresh lock must be granted, got {granted:?}");
+    };
+    sleep(lease + support::clock_slack(&backend)).await;
+    support::state_where(&client, &name, support::EVENTUALLY, CHECK, |s| {
+        s.holder.is_none()
+    })
+    .await;
+
+    let extended = backend
+        .extend(&lock_name, &owner, hold.token, Duration::from_secs(5))
+        .await
+        .or_fail(CHECK);
+    assert!(
+        !extended,
+        "{CHECK}: extend of a hold whose lease ran out must answer false"
+    );
+    let resent = raw_acquire_as(&backend, &name, &owner, first, lease, ttl, false).await;
+    assert_eq!(
+        resent,
+        AcquireOutcome::Busy,
+        "{CHECK}: the expired hold's attempt asked again"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state.holder.is_none(),
+        "{CHECK}: the expired hold came back: {state:?}"
+    );
+    let again = raw_acquire_as(&backend, &name, &owner, second, lease, ttl, false).await;
+    let AcquireOutcome::Granted(new) = again else {
+        panic!("{CHECK}: a new attempt of the owner on the free lock: got {again:?}");
+    };
+    assert!(
+        new.token > hold.token && new.hold_count == 1,
+        "{CHECK}: a new attempt of the owner after its hold expired must be a new grant \
+         (token above {}, count 1), got {new:?}",
+        hold.token
+    );
+    let released = backend
+        .release(&lock_name, &owner, new.token, second)
+        .await
+        .or_fail(CHECK);
+    assert_eq!(
+        released,
+        ReleaseOutcome::Released { remaining: 0 },
+        "{CHECK}: one level to release"
+    );
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }

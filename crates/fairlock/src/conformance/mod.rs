@@ -59,7 +59,7 @@
 //! |---|---|
 //! | [`mutual_exclusion`] | 16 owners × 20 acquisitions never overlap; tokens increase in grant order |
 //! | [`reentrancy`] | re-entry counts up and keeps the token; each guard releases one level |
-//! | [`shared_handle_counts_each_guard`] | two tasks sharing a handle get one level each when the lock reaches them |
+//! | [`shared_handle_counts_each_guard`] | two tasks sharing a handle get one level each when the lock reaches them, and leave the queue |
 //! | [`nested_lock_after_hand_over`] | a nested `lock()` right after a hand-over is a second level, not the confirmation |
 //! | [`attempts_of_one_owner_are_independent`] | one attempt's timeout never costs another attempt of the owner its place |
 //! | [`one_lease_per_hold`] | a nested guard's `extend` never shortens the hold's lease, and counts for every guard |
@@ -76,9 +76,11 @@
 //! | [`lease_expiry_frees_lock`] | an unrenewed lease ends the hold; the waiter proceeds, not earlier |
 //! | [`watchdog_keeps_lock`] | the watchdog keeps a lock over several leases |
 //! | [`lease_lost_signal`] | `extend` postpones the lost-lease signal, which fires when the lease ends |
+//! | [`expired_hold_stays_ended`] | a hold whose lease ran out stays gone for its owner too: `extend` answers false, its attempt's `acquire` again is `Busy`, a new attempt is a new grant |
 //! | [`dead_waiters_are_evicted`] | a waiter that stops heart-beating blocks nobody, at the head or in the middle, also of a lock whose lease ran out |
 //! | [`force_release`] | force release frees the lock, hands it to the head waiter, reports whether it was held |
 //! | [`release_by_non_owner`] | release/extend with the wrong owner or token is refused and changes nothing; re-sent releases answer as the first did; an ended attempt's acquire changes nothing, also while its owner still holds |
+//! | [`abandoned_attempts_stay_ended`] | an abandoned attempt's `acquire` delivered again (also of one abandoned before it called) is `Busy` and changes nothing, while held and once free |
 //! | [`fencing_tokens_increase`] | tokens increase across holders, expiry, force release and cleanup |
 //! | [`cancelled_waits_leave_nothing`] | waits dropped at random times leave no waiter and no hold |
 //! | [`cancel_at_grant_time_leaves_nothing`] | a wait dropped as the lock is handed to it gives the lock back |
@@ -143,10 +145,12 @@ pub use instances::{
 };
 pub use introspection::{list_shows_held_and_waited, state_matches_reality};
 pub use invalid::invalid_input_is_rejected;
-pub use leases::{lease_expiry_frees_lock, lease_lost_signal, watchdog_keeps_lock};
+pub use leases::{
+    expired_hold_stays_ended, lease_expiry_frees_lock, lease_lost_signal, watchdog_keeps_lock,
+};
 pub use lossy::{lost_wakeups_still_progress, LossyWakeups};
 pub use model::{check_against_model, seeds_from_env, ModelClock, ModelConfig};
-pub use release::{force_release, release_by_non_owner};
+pub use release::{abandoned_attempts_stay_ended, force_release, release_by_non_owner};
 pub use timeouts::wait_timeout_leaves_queue;
 
 /// How long one check may take before it counts as failed (hung).
@@ -224,9 +228,11 @@ pub fn checks() -> Vec<(&'static str, Check)> {
         lease_expiry_frees_lock,
         watchdog_keeps_lock,
         lease_lost_signal,
+        expired_hold_stays_ended,
         dead_waiters_are_evicted,
         force_release,
         release_by_non_owner,
+        abandoned_attempts_stay_ended,
         fencing_tokens_increase,
         cancelled_waits_leave_nothing,
         cancel_at_grant_time_leaves_nothing,

@@ -359,3 +359,74 @@ pub async fn release_by_non_owner(backend: Arc<dyn LockBackend>) {
     }
     support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
+
+/// An abandoned attempt stays ended: its `acquire` delivered again (a re-send that sat in the
+/// network, or a heartbeat sent just before the caller gave up) answers `Busy` and changes
+/// nothing, whether it asks to queue or not, while another owner holds and once the lock is
+/// free. So does that of an attempt abandoned before any call of it reached the store (the
+/// contract records it spent all the same): otherwise a request sent before a cancellation
+/// and delivered after it would queue the attempt again, or take a free lock nobody will
+/// release before its lease ends.
+pub async fn abandoned_attempts_stay_ended(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "abandoned_attempts_stay_ended";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let lease = Duration::from_secs(5);
+    let ttl = support::WAITER_TTL;
+    let [holder, waiter, early] = [Owner::unique(), Owner::unique(), Owner::unique()];
+    let (queued, unsent) = (AttemptId::random(), AttemptId::random());
+
+    let granted = raw_acquire(&backend, &name, &holder, lease, ttl, false).await;
+    let AcquireOutcome::Granted(hold) = granted else {
+        panic!("{CHECK}: a fresh lock must be granted, got {granted:?}");
+    };
+    let joined = raw_acquire_as(&backend, &name, &waiter, queued, lease, ttl, true).await;
+    assert!(
+        matches!(joined, AcquireOutcome::Queued { .. }),
+        "{CHECK}: a waiter behind a holder is queued, got {joined:?}"
+    );
+    backend
+        .abandon(&lock_name, &waiter, queued)
+        .await
+        .or_fail(format!("{CHECK}: abandon"));
+    backend
+        .abandon(&lock_name, &early, unsent)
+        .await
+        .or_fail(format!("{CHECK}: abandon of an attempt that never called"));
+    let resend = |phase: &'static str| {
+        let (backend, name, client) = (backend.clone(), name.clone(), client.clone());
+        let (waiter, early) = (waiter.clone(), early.clone());
+        async move {
+            for (owner, attempt) in [(&waiter, queued), (&early, unsent)] {
+                for queue in [true, false] {
+                    let resent =
+                        raw_acquire_as(&backend, &name, owner, attempt, lease, ttl, queue).await;
+                    assert_eq!(
+                        resent,
+                        AcquireOutcome::Busy,
+                        "{CHECK}: {phase}: an acquire (queue: {queue}) of an abandoned attempt must change nothing"
+                    );
+                }
+            }
+            let state = client.state(&name).await.or_fail(CHECK);
+            assert!(
+                state.waiters.is_empty(),
+                "{CHECK}: {phase}: an abandoned attempt queued again: {state:?}"
+            );
+            state
+        }
+    };
+    let state = resend("while held").await;
+    assert!(
+        state.holder.as_ref().is_some_and(|h| h.token == hold.token),
+        "{CHECK}: the hold is untouched: {state:?}"
+    );
+    super::fifo::release_raw(&backend, &name, &holder, hold.token, CHECK).await;
+    let state = resend("once free").await;
+    assert!(
+        state.holder.is_none(),
+        "{CHECK}: an abandoned attempt took the free lock: {state:?}"
+    );
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
+}
