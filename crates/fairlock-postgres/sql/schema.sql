@@ -123,9 +123,11 @@ DECLARE
 BEGIN
     -- Every read after the row lock must see what committed before it: under REPEATABLE READ
     -- it would read the snapshot from before the wait, and could miss a change made meanwhile
-    -- (an abandon that spent the attempt). SERIALIZABLE aborts such a pair instead.
-    IF current_setting('transaction_isolation') = 'repeatable read' THEN
-        RAISE EXCEPTION 'fairlock needs READ COMMITTED (or SERIALIZABLE), not REPEATABLE READ'
+    -- (an abandon that spent the attempt). SERIALIZABLE aborts such a pair instead, so every
+    -- call that waited for a busy lock's row would fail and be retried, again and again.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'fairlock needs READ COMMITTED, not %',
+                        upper(current_setting('transaction_isolation'))
             USING ERRCODE = 'invalid_transaction_state',
                   HINT = 'set default_transaction_isolation for fairlock''s sessions';
     END IF;

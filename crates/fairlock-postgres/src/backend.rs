@@ -395,6 +395,19 @@ impl LockBackend for PostgresBackend {
         })
     }
 
+    /// The holder alone, from the lock's row: no read of its queue.
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderState>> {
+        let lock = name.as_str();
+        let rows = self
+            .run(&self.inner.sql.holder, &[&lock], Some(lock))
+            .await?;
+        parse_inspect(name, &rows)
+            .map(|state| state.holder)
+            .map_err(|error| {
+                error::bad_reply(self.context(Some(lock)), "holder", &error.to_string())
+            })
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
         let rows = self.run(&self.inner.sql.list, &[&prefix], None).await?;
         rows.iter()

@@ -91,8 +91,11 @@ pub(crate) fn is_unreachable(error: &tokio_postgres::Error) -> bool {
             // deadlock it broke (40P01; the functions lock in one order, but a session
             // outside them may not) or a serialization failure (40001); or one whose
             // outcome is unknown (40003, from PostgreSQL-compatible servers), like a lost
-            // reply. Either way the same call may be sent again: each is its own
-            // transaction, and the functions answer a re-sent call as they did the first.
+            // reply; or one that waited for a row lock longer than the session's
+            // `lock_timeout` allows (55P03: a setting of the database or role; a busy lock's
+            // row is waited for), rolled back whole too. Either way the same call may be
+            // sent again: each is its own transaction, and the functions answer a re-sent
+            // call as they did the first.
             class == "08"
                 || class == "57"
                 || class == "53"
@@ -100,6 +103,7 @@ pub(crate) fn is_unreachable(error: &tokio_postgres::Error) -> bool {
                     SqlState::T_R_DEADLOCK_DETECTED,
                     SqlState::T_R_SERIALIZATION_FAILURE,
                     SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN,
+                    SqlState::LOCK_NOT_AVAILABLE,
                 ]
                 .contains(code)
         }

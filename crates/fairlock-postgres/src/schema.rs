@@ -64,6 +64,7 @@ pub(crate) struct Sql {
     pub(crate) abandon: String,
     pub(crate) force_release: String,
     pub(crate) inspect: String,
+    pub(crate) holder: String,
     pub(crate) list: String,
 }
 
@@ -99,6 +100,7 @@ impl Sql {
             abandon: call("abandon", 5),
             force_release: call("force_release", 4),
             inspect: rows("inspect"),
+            holder: rows("holder"),
             list: rows("list"),
         }
     }

@@ -124,13 +124,23 @@ async fn a_pool_with_no_connection_free_keeps_operations_bounded() {
 /// that spent the attempt, re-queued by a re-sent acquire). With the database's default set
 /// to REPEATABLE READ, the builder's sessions still run READ COMMITTED and work; sessions of
 /// a caller's pool at that default get a clear error, not a lock that may break.
+/// Under REPEATABLE READ a call could miss what committed while it waited for the lock's row;
+/// under SERIALIZABLE every call that waited for it would fail and be retried as an outage,
+/// again and again on a busy lock. Both are refused with a typed error; the backend's own
+/// sessions run READ COMMITTED whatever the database's default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeatable_read_sessions_are_refused_and_the_builders_run_read_committed() {
+async fn other_isolation_levels_are_refused_and_the_builders_run_read_committed() {
+    for level in ["repeatable read", "serializable"] {
+        isolation_is_refused(level).await;
+    }
+}
+
+async fn isolation_is_refused(level: &str) {
     use fairlock_postgres::{deadpool_postgres, tokio_postgres};
     let server = Server::start();
     let database = server.psql("SELECT current_database()");
     server.psql(&format!(
-        "ALTER DATABASE \"{database}\" SET default_transaction_isolation TO 'repeatable read'"
+        "ALTER DATABASE \"{database}\" SET default_transaction_isolation TO '{level}'"
     ));
     let backend = server.backend().await;
     let lock = name();
@@ -158,7 +168,7 @@ async fn repeatable_read_sessions_are_refused_and_the_builders_run_read_committe
     let refused = theirs.acquire(&request(&lock, &holder, false)).await;
     assert!(
         matches!(&refused, Err(Error::Backend { source, .. }) if source.to_string().contains("READ COMMITTED")),
-        "{refused:?}"
+        "{level}: {refused:?}"
     );
     assert!(backend.inspect(&lock).await.unwrap().holder.is_none());
 }
@@ -817,4 +827,90 @@ async fn a_reinstall_that_cannot_finish_keeps_the_call_bounded() {
     installer.batch_execute("ROLLBACK").await.unwrap();
     // Once the other installer is gone, the next call installs the schema again.
     backend.inspect(&lock).await.unwrap();
+}
+
+/// A database or role whose `lock_timeout` is shorter than a wait for a busy lock's row makes
+/// the call fail with `lock_not_available`, rolled back whole: an outage the core rides out,
+/// not a backend error that ends `lock()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_timeout_of_the_database_is_an_outage() {
+    use fairlock_postgres::tokio_postgres::{self, NoTls};
+    let server = Server::start();
+    let database = server.psql("SELECT current_database()");
+    server.psql(&format!(
+        "ALTER DATABASE \"{database}\" SET lock_timeout TO '100ms'"
+    ));
+    let backend = server.backend().await;
+    let lock = name();
+    let first = request(&lock, &owner("holder"), false);
+    let AcquireOutcome::Granted(_) = backend.acquire(&first).await.unwrap() else {
+        panic!("a fresh lock is granted");
+    };
+    // Another session keeps the lock's row locked for a while.
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM fairlock.locks WHERE name = '{lock}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let waited = backend
+        .acquire(&request(&lock, &owner("waiter"), true))
+        .await;
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        matches!(waited, Err(Error::Unavailable { .. })),
+        "{waited:?}"
+    );
+    assert!(matches!(
+        backend
+            .acquire(&request(&lock, &owner("waiter"), true))
+            .await,
+        Ok(AcquireOutcome::Queued { .. })
+    ));
+}
+
+/// `holder()` reads the lock's row alone, not its queue: it answers while another session
+/// keeps the waiters table locked, where `inspect` (which reads the queue) waits. `is_held`
+/// and `force_unlock` ask it, the CLI's holder check every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_reads_no_queue() {
+    use fairlock_postgres::tokio_postgres::{self, NoTls};
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let first = request(&lock, &owner("holder"), false);
+    let AcquireOutcome::Granted(grant) = backend.acquire(&first).await.unwrap() else {
+        panic!("a fresh lock is granted");
+    };
+    for i in 0..3 {
+        let queued = backend
+            .acquire(&request(&lock, &owner(&format!("w{i}")), true))
+            .await
+            .unwrap();
+        assert!(matches!(queued, AcquireOutcome::Queued { .. }));
+    }
+    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("BEGIN; LOCK TABLE fairlock.waiters IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(2), backend.holder(&lock)).await;
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let held = held
+        .expect("holder() waited for the queue")
+        .unwrap()
+        .expect("held");
+    assert_eq!(
+        (
+            held.owner.as_str(),
+            held.token,
+            held.hold_count,
+            held.confirmed
+        ),
+        ("holder", grant.token, 1, true)
+    );
+    assert!(backend.holder(&name()).await.unwrap().is_none());
 }

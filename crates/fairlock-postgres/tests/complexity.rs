@@ -198,6 +198,14 @@ async fn operations_do_not_walk_the_queue() {
     costs_short.push(extend_cost(&client, &first, first_grant.token).await);
     costs_short.push(abandon_cost(&client, &third).await);
     costs_short.push(release_cost(&client, &first, first_grant.token).await);
+    costs_short.push(
+        buffers(
+            &client,
+            "SELECT * FROM fairlock.holder($1)",
+            &[&other.as_str()],
+        )
+        .await,
+    );
     println!("first calls: {costs_short:?} buffers");
 
     // The same operations with a queue of SHORT, then of WAITERS: a walk of the waiters
@@ -259,8 +267,8 @@ async fn join_all_queued(backend: &PostgresBackend, requests: &[AcquireRequest])
 
 /// The buffers of each operation on `lock`, held by `holder` (with `token`) with `queued`
 /// standing in its queue after whoever came before them: joining at the back, heart-beating
-/// from the middle of `queued`, leaving from there, a non-queueing try, an extension, and last
-/// a release that hands over to the head.
+/// from the middle of `queued`, leaving from there, a non-queueing try, an extension, reading
+/// the holder, and last a release that hands over to the head.
 async fn costs(
     backend: &PostgresBackend,
     client: &tokio_postgres::Client,
@@ -268,7 +276,7 @@ async fn costs(
     holder: &AcquireRequest,
     token: u64,
     queued: &[AcquireRequest],
-) -> [(&'static str, u64); 6] {
+) -> [(&'static str, u64); 7] {
     let newcomer = owner(&format!("newcomer{}", queued.len()));
     let join = acquire_cost(client, &request(lock, &newcomer, true)).await;
     let middle = &queued[queued.len() / 2];
@@ -276,6 +284,12 @@ async fn costs(
     let leave = abandon_cost(client, middle).await;
     let busy = acquire_cost(client, &request(lock, &owner("try"), false)).await;
     let extend = extend_cost(client, holder, token).await;
+    let held = buffers(
+        client,
+        "SELECT * FROM fairlock.holder($1)",
+        &[&lock.as_str()],
+    )
+    .await;
     let head = backend.inspect(lock).await.unwrap().waiters[0]
         .owner
         .clone();
@@ -292,6 +306,7 @@ async fn costs(
         ("leave", leave),
         ("busy", busy),
         ("extend", extend),
+        ("holder", held),
         ("release", release),
     ]
 }
