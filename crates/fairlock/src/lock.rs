@@ -178,11 +178,17 @@ impl LockClient {
         self.store.inspect(&LockName::new(name)?).await
     }
 
-    /// Locks whose names start with `prefix` that are held or waited for.
+    /// Locks whose names start with `prefix` that are held or waited for (`""`: every lock).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a prefix no lock name
+    /// can start with: longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, or containing
+    /// a NUL byte.
     ///
     /// # Cancel safety
     /// Cancel safe; it only reads.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockSummary>> {
+        crate::name::check_prefix(prefix)?;
         self.store.list(prefix).await
     }
 }

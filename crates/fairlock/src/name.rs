@@ -46,6 +46,27 @@ impl LockName {
     }
 }
 
+/// Checks a prefix of lock names (for `list`): one no name could start with (longer than
+/// [`MAX_NAME_LEN`], or with a NUL byte) is a mistake, not a question with an empty answer.
+pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
+    if prefix.len() > MAX_NAME_LEN {
+        return Err(Error::invalid(
+            "lock name prefix",
+            format!(
+                "is {} bytes, longer than a lock name may be ({MAX_NAME_LEN})",
+                prefix.len()
+            ),
+        ));
+    }
+    if prefix.contains('\0') {
+        return Err(Error::invalid(
+            "lock name prefix",
+            "must not contain NUL, which no lock name does",
+        ));
+    }
+    Ok(())
+}
+
 impl fmt::Debug for LockName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)

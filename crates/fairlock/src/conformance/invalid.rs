@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::name::{LockName, Owner};
 use crate::options::{LockOptions, MAX_DURATION};
 
-/// Empty and 1 MiB lock names, zero and huge leases (`Duration::MAX`, just over
+/// Empty and 1 MiB lock names, `list` prefixes no name can have (a NUL, 1 MiB), zero and huge leases (`Duration::MAX`, just over
 /// [`MAX_DURATION`]), a zero waiter TTL, a `Duration::MAX` wait and out-of-range `extend`s
 /// all fail with [`Error::InvalidArgument`], and not one call reaches the backend for them
 /// (counted through a wrapper): a free lock stays free, a held lock keeps its holder, token,
@@ -55,6 +55,14 @@ pub async fn invalid_input_is_rejected(backend: Arc<dyn LockBackend>) {
         expect_invalid(
             &format!("fair_lock_as({shown:?}...)"),
             client.fair_lock_as(bad, Owner::unique()).map(drop),
+        );
+    }
+    // No name could start with these: a prefix with a NUL, or longer than a name may be.
+    for bad in ["a\0b", huge_name.as_str()] {
+        let shown = &bad[..bad.len().min(8)];
+        expect_invalid(
+            &format!("list({shown:?}...)"),
+            client.list(bad).await.map(drop),
         );
     }
     let lock = || client.fair_lock(&name).or_fail(CHECK);
