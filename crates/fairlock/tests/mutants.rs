@@ -138,6 +138,13 @@ enum Kind {
     /// A re-entry leaves the attempt's queue entry behind (played by a leftover entry, which
     /// a later hand-over could be given).
     ReentryKeepsEntry,
+    /// A re-entry into a hold with a pending level of the same owner also confirms that
+    /// level: it never lapses (a store that lapses a pending level only with the hold's lease,
+    /// which the re-entry lengthened).
+    PendingOutlivesReentry,
+    /// A re-entry into a hold with a pending level of the same owner confirms that level
+    /// instead of adding its own ("the owner asked": count 1).
+    ReentryConfirmsPending,
     /// No mutation: forwards every call. Run beside the mutants, it must fail no check, so a
     /// check failing from the load of the run alone is seen.
     Faithful,
@@ -198,6 +205,9 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::RevivesExpired => &["expired_hold_stays_ended"],
         Kind::ExtendShortens => &["one_lease_per_hold"],
         Kind::ReentryKeepsEntry => &["shared_handle_counts_each_guard"],
+        Kind::PendingOutlivesReentry | Kind::ReentryConfirmsPending => {
+            &["pending_level_lapses_beside_a_reentry"]
+        }
         Kind::Faithful => &[],
     }
 }
@@ -543,6 +553,36 @@ impl LockBackend for Mutant {
         } else {
             false
         };
+        // The owner's queued request whose hand-over is pending, when this is another attempt
+        // of that owner re-entering the hold.
+        let pending_of_owner = if matches!(
+            self.kind,
+            Kind::PendingOutlivesReentry | Kind::ReentryConfirmsPending
+        ) {
+            let holder = self.inner.inspect(&request.name).await?.holder;
+            let queued = self
+                .sent
+                .queued_by
+                .lock()
+                .unwrap()
+                .get(&(request.name.clone(), request.owner.to_string()))
+                .cloned();
+            queued.filter(|queued| {
+                queued.attempt != inner.attempt
+                    && holder
+                        .as_ref()
+                        .is_some_and(|h| !h.confirmed && h.owner == request.owner.as_str())
+            })
+        } else {
+            None
+        };
+        if let (Kind::ReentryConfirmsPending, Some(mut pending)) =
+            (self.kind, pending_of_owner.clone())
+        {
+            pending.queue = false;
+            let outcome = self.inner.acquire(&pending).await?;
+            return Ok(outcome);
+        }
         let reentering_from_queue = if self.kind == Kind::ReentryKeepsEntry {
             let state = self.inner.inspect(&request.name).await?;
             state
@@ -553,6 +593,19 @@ impl LockBackend for Mutant {
             false
         };
         let mut outcome = self.inner.acquire(&inner).await?;
+        if let (Some(mut pending), AcquireOutcome::Granted(grant)) =
+            (pending_of_owner, &mut outcome)
+        {
+            // The pending level is confirmed with it: it will not lapse.
+            pending.queue = false;
+            self.inner.acquire(&pending).await?;
+            grant.hold_count = self
+                .inner
+                .inspect(&request.name)
+                .await?
+                .holder
+                .map_or(grant.hold_count, |h| h.hold_count);
+        }
         if let (true, AcquireOutcome::Granted(_)) = (reentering_from_queue, &outcome) {
             // The entry stays behind (under another owner name, since the store re-enters
             // any attempt of the holder).
@@ -603,7 +656,11 @@ impl LockBackend for Mutant {
                 outcome = self.inner.acquire(&inner).await?;
             }
         }
-        if self.kind == Kind::ExtendConfirms && request.queue {
+        if matches!(
+            self.kind,
+            Kind::ExtendConfirms | Kind::PendingOutlivesReentry | Kind::ReentryConfirmsPending
+        ) && request.queue
+        {
             self.sent.queued_by.lock().unwrap().insert(
                 (request.name.clone(), request.owner.to_string()),
                 inner.clone(),
@@ -978,6 +1035,8 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::RevivesExpired,
         Kind::ExtendShortens,
         Kind::ReentryKeepsEntry,
+        Kind::PendingOutlivesReentry,
+        Kind::ReentryConfirmsPending,
         Kind::Faithful,
     ];
     // All at once: the runs mostly wait (on timeouts the mutants cause), and a mutant only

@@ -105,6 +105,55 @@ pub async fn pending_grant_lasts_the_waiter_ttl(backend: Arc<dyn LockBackend>) {
     late_acquire_is_spent(&backend, &name, &dead, ttl, CHECK).await;
 }
 
+/// A pending level lapses on its own deadline also beside other levels: another attempt of
+/// the grantee's owner re-entering the handed-over hold (a nested `lock()`, a sharer of the
+/// owner) adds a level of its own (hold count 2) without confirming the pending one, and once
+/// the waiter's TTL has passed the pending level is gone (count 1, the re-entered level holding
+/// on its own lease) and its attempt is spent. Otherwise a dead waiter's level would live as
+/// long as its owner's other guards renew the hold, and its release never come.
+pub async fn pending_level_lapses_beside_a_reentry(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "pending_level_lapses_beside_a_reentry";
+    let ttl = Duration::from_millis(400);
+    let long = Duration::from_secs(5);
+    let (name, dead) = lapsing_hand_over(&backend, ttl, CHECK).await;
+    let other = AttemptId::random();
+    let reentered = raw_acquire_as(&backend, &name, &dead, other, long, ttl, false).await;
+    let AcquireOutcome::Granted(grant) = reentered else {
+        panic!("{CHECK}: the owner of a pending hold re-enters it, got {reentered:?}");
+    };
+    assert_eq!(
+        grant.hold_count, 2,
+        "{CHECK}: a re-entry into a pending hold adds a level of its own, not a confirmation"
+    );
+    sleep(ttl + Duration::from_millis(200) + support::clock_slack(&backend)).await;
+    let client = support::client(&backend);
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.owner == dead.as_str() && h.token == grant.token && h.hold_count == 1),
+        "{CHECK}: after the waiter's TTL the pending level must be gone, the re-entered one left: {state:?}"
+    );
+    let late = raw_acquire(&backend, &name, &dead, long, ttl, true).await;
+    assert_eq!(
+        late,
+        AcquireOutcome::Busy,
+        "{CHECK}: the attempt of the lapsed pending level is spent"
+    );
+    let lock_name = LockName::new(&name).or_fail(CHECK);
+    let released = backend
+        .release(&lock_name, &dead, grant.token, other)
+        .await
+        .or_fail(CHECK);
+    assert_eq!(
+        released,
+        ReleaseOutcome::Released { remaining: 0 },
+        "{CHECK}: the re-entered level was the last"
+    );
+    support::wait_clean(&client, &name, format!("{CHECK}: clean at the end")).await;
+}
+
 /// **Slow: it takes [`RESEND_HORIZON`](crate::backend::RESEND_HORIZON) and a few seconds**, so
 /// [`run_all`](super::run_all) does not run it: run it in a test of its own. The attempt of a
 /// hand-over that lapsed unconfirmed stays spent for the resend horizon from the lapse, not

@@ -66,6 +66,7 @@
 //! | [`lost_grant_reply_leaves_no_level`] | a grant whose reply was lost (through [`LostReplies`]) leaves no phantom level; asked again, a granted attempt answers with the hold's current count |
 //! | [`reentry_lengthens_the_lease`] | a re-entry sets the lease from now when that is later; one with a shorter lease leaves it as it is |
 //! | [`pending_grant_lasts_the_waiter_ttl`] | an unconfirmed hand-over ends after the waiter's TTL, not its lease; its attempt is then spent |
+//! | [`pending_level_lapses_beside_a_reentry`] | a re-entry into a pending hold adds a level without confirming it, and the pending level still lapses after the waiter's TTL |
 //! | [`list_ignores_dead_waiters`] | `list` counts live waiters only |
 //! | [`resends_are_harmless`] | with half the requests delivered again later (through [`Resend`]), the caller getting the first copy's reply or the second's, exclusion, counts and tokens hold (two of the tasks sharing one handle), a guard held past a renewal keeps its lease, and nothing is left |
 //! | [`fifo_order`] | waiters are listed and granted in exactly the order they queued |
@@ -132,7 +133,8 @@ pub use attempts::{
 pub use cancel::{cancel_at_grant_time_leaves_nothing, cancelled_waits_leave_nothing};
 pub use clauses::{
     lapsed_hand_over_stays_spent, list_ignores_dead_waiters, pending_grant_lasts_the_waiter_ttl,
-    reentry_lengthens_the_lease, resends_are_harmless, Resend,
+    pending_level_lapses_beside_a_reentry, reentry_lengthens_the_lease, resends_are_harmless,
+    Resend,
 };
 pub use eviction::dead_waiters_are_evicted;
 pub use exclusion::{mutual_exclusion, reentrancy};
@@ -218,6 +220,7 @@ pub fn checks() -> Vec<(&'static str, Check)> {
         lost_grant_reply_leaves_no_level,
         reentry_lengthens_the_lease,
         pending_grant_lasts_the_waiter_ttl,
+        pending_level_lapses_beside_a_reentry,
         list_ignores_dead_waiters,
         resends_are_harmless,
         fifo_order,
