@@ -119,9 +119,7 @@ impl PostgresBackendBuilder {
         if config.get_application_name().is_none() {
             config.application_name("fairlock");
         }
-        // A half-open listening connection is noticed within about a minute.
-        config.keepalives(true);
-        config.keepalives_idle(Duration::from_secs(30));
+        dead_peer_limits(&mut config);
         let manager = Manager::from_config(
             config.clone(),
             NoTls,
@@ -211,6 +209,28 @@ async fn build(
     })
 }
 
+/// How long a connection may stay quiet before keepalive probes start, and then between
+/// them: with [`KEEPALIVE_RETRIES`], a half-open connection (the server's host gone) is
+/// noticed within about a minute.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// How long sent data may go unacknowledged before the connection is given up (Linux):
+/// keepalive does not probe while data waits, so without it a connection that lost its peer
+/// while sending would be noticed only at the system's retransmission limit (about 15
+/// minutes). The Redis backend does the same.
+const USER_TIMEOUT: Duration = Duration::from_secs(30 + 90);
+
+/// Keepalive and the user timeout, for the pool's and the listening connection of a backend
+/// built from a URL.
+fn dead_peer_limits(config: &mut tokio_postgres::Config) {
+    config.keepalives(true);
+    config.keepalives_idle(KEEPALIVE_IDLE);
+    config.keepalives_interval(KEEPALIVE_INTERVAL);
+    config.keepalives_retries(KEEPALIVE_RETRIES);
+    config.tcp_user_timeout(USER_TIMEOUT);
+}
+
 /// `host:port/database` of a config, without user or password.
 fn endpoint(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
@@ -221,4 +241,23 @@ fn endpoint(config: &tokio_postgres::Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let db = config.get_dbname().unwrap_or("");
     format!("{host}:{port}/{db}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_give_up_a_dead_peer_within_minutes() {
+        let mut config: tokio_postgres::Config = "postgres://u@127.0.0.1/db".parse().unwrap();
+        dead_peer_limits(&mut config);
+        assert!(config.get_keepalives());
+        let noticed = config.get_keepalives_idle()
+            + config.get_keepalives_interval().unwrap() * config.get_keepalives_retries().unwrap();
+        assert!(noticed <= Duration::from_secs(60), "{noticed:?}");
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&Duration::from_secs(120))
+        );
+    }
 }
