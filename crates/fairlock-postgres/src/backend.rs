@@ -69,15 +69,19 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 /// statement: one waiting for a row lock would not notice the closed socket, and would run
 /// on with a session of its own (and, left in the pool, the next call on it would wait
 /// behind it).
-struct InFlight(Option<Object>);
+pub(crate) struct InFlight(Option<Object>);
 
 impl InFlight {
-    fn client(&self) -> &Object {
+    pub(crate) fn new(client: Object) -> Self {
+        InFlight(Some(client))
+    }
+
+    pub(crate) fn client(&self) -> &Object {
         self.0.as_ref().expect("taken only by done or drop")
     }
 
     /// The statement was answered: the connection goes back to the pool.
-    fn done(&mut self) {
+    pub(crate) fn done(&mut self) {
         self.0.take();
     }
 }
@@ -137,9 +141,8 @@ impl PostgresBackend {
         lock: Option<&str>,
     ) -> Result<Vec<Row>> {
         let context = self.context(lock);
-        let mut in_flight = InFlight(Some(
-            pooled(&self.inner.pool, self.inner.connect_timeout, context).await?,
-        ));
+        let mut in_flight =
+            InFlight::new(pooled(&self.inner.pool, self.inner.connect_timeout, context).await?);
         let client = in_flight.client();
         let mut outcome =
             tokio::time::timeout(OPERATION_TIMEOUT, Self::query(client, query, params)).await;

@@ -7,6 +7,7 @@ use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, Recycling
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
 
+use crate::backend::InFlight;
 use crate::error::{self, Context};
 use crate::schema::{self, Sql, DEFAULT_SCHEMA};
 use crate::wake::Dispatcher;
@@ -186,10 +187,16 @@ async fn build(
         lock: None,
     };
     {
-        let client = crate::backend::pooled(&pool, connect_timeout, context).await?;
-        let installed = tokio::time::timeout(connect_timeout * 4, sql.install(&client, false))
-            .await
-            .map_err(|_| error::unavailable(&endpoint, "creating the schema timed out"))?;
+        // Given up (timed out, or this future dropped), the install may still run on its
+        // connection: that one leaves the pool (a pool of the caller's) instead of making
+        // the next user wait behind it.
+        let mut in_flight =
+            InFlight::new(crate::backend::pooled(&pool, connect_timeout, context).await?);
+        let installed =
+            tokio::time::timeout(connect_timeout * 4, sql.install(in_flight.client(), false))
+                .await
+                .map_err(|_| error::unavailable(&endpoint, "creating the schema timed out"))?;
+        in_flight.done();
         installed.map_err(|error| error::map(error, context))?;
     }
     let dispatcher = Dispatcher::start(listen, sql.listen());

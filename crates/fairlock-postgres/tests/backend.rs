@@ -914,3 +914,45 @@ async fn holder_reads_no_queue() {
     );
     assert!(backend.holder(&name()).await.unwrap().is_none());
 }
+
+/// `from_pool` given up while it creates the schema (its future dropped; or timed out) leaves
+/// the caller's pool usable at once: the connection whose install may still run (here waiting
+/// for another installer) leaves the pool instead of making the next user wait behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_given_up_leaves_the_callers_pool_usable() {
+    use fairlock_postgres::{deadpool_postgres, tokio_postgres};
+    let server = Server::start();
+    let (installer, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    installer
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(hashtext('fairlock schema theirs'))")
+        .await
+        .unwrap();
+    let config: tokio_postgres::Config = server.url().parse().unwrap();
+    let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(1)
+        .build()
+        .unwrap();
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        PostgresBackend::from_pool(pool.clone(), config, "theirs"),
+    )
+    .await;
+    assert!(
+        given_up.is_err(),
+        "the install waits for the other installer"
+    );
+    let used = tokio::time::timeout(Duration::from_secs(3), async {
+        let client = pool.get().await.unwrap();
+        client.query_one("SELECT 1", &[]).await.unwrap()
+    })
+    .await;
+    installer.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        used.is_ok(),
+        "the pool's connection was left running the install"
+    );
+}
