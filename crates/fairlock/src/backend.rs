@@ -218,7 +218,10 @@ use crate::wake_queue;
 /// **Hand-over.** When the lock becomes free by `release`, `abandon` or `force_release`, the
 /// backend MUST hand it to the head live queue entry as a *pending grant* (a new hold with
 /// that attempt as its pending level, a fresh token, lease = the entry's `waiter_ttl`),
-/// remove the entry, and send [`Wake::Granted`] with that attempt to the watches of its owner.
+/// remove the entry, and send [`Wake::Granted`] with that attempt to the watches of its owner
+/// (or [`Wake::Recheck`], which costs the grantee one call: a backend that wants the grant
+/// confirmed before the waiter relies on it, as Redis does while waiting for replicas, sends
+/// that).
 /// Only that attempt's own `acquire` confirms it (it returns [`AcquireOutcome::Granted`] with
 /// the same token); [`extend`](Self::extend) MUST NOT, so that another level's renewals never
 /// keep a dead grantee's level alive. A pending level that is not confirmed within its
