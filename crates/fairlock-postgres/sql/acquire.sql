@@ -103,6 +103,13 @@ BEGIN
         RETURN 'G ' || v_token || ' 1';
     END IF;
 
+    IF l.owner IS NULL AND v_head.seq IS NOT NULL AND v_head.attempt <> p_attempt
+       AND v_front.cleared THEN
+        -- The lock is free and this call cleared the dead in front of the head: tell it now
+        -- rather than at its next heartbeat.
+        PERFORM pg_notify(@channel@, 'R ' || v_head.owner || E'\n' || p_name);
+    END IF;
+
     IF NOT p_queue THEN
         PERFORM @schema@._save(l, v_orig, v_now, p_margin_ms);
         RETURN 'B';

@@ -208,12 +208,15 @@ $$;
 -- in front (many processes crashed at once) is cleared over several calls: one call clearing
 -- it all could outlast the statement limit, be rolled back, and clear nothing, every time.
 -- `unknown`: the budget ran out with expired entries still in front and live ones behind
--- them, so who is first is not known yet (head is all NULLs then).
+-- them, so who is first is not known yet (head is all NULLs then). `cleared`: this call
+-- deleted an entry that stood in front of the head it returns (the head may not know it is
+-- first).
 -- (This and _gc find a few rows of a lock by index order. Before the table's statistics
 -- know how many rows a lock has, the planner may read all of its rows instead, with a bitmap
 -- or sequential scan and a sort: so neither is used.)
 CREATE OR REPLACE FUNCTION @schema@._front(p_name text, v_now timestamptz,
-                                          OUT head @schema@.waiters, OUT unknown boolean)
+                                          OUT head @schema@.waiters, OUT unknown boolean,
+                                          OUT cleared boolean)
 LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
 DECLARE
     w @schema@.waiters;
@@ -222,6 +225,8 @@ DECLARE
     -- until it commits, so each pass starts after them (else k deletions cost O(k^2)).
     v_after bigint := -9223372036854775808;
     v_budget integer := 64;
+    -- The lowest queue position the first loop deleted.
+    v_lowest bigint;
 BEGIN
     unknown := false;
     -- Row by row, by primary key: a single DELETE ... WHERE seq IN (subquery) may be given
@@ -232,18 +237,21 @@ BEGIN
         ORDER BY deadline LIMIT 8
     LOOP
         DELETE FROM @schema@.waiters WHERE name = p_name AND seq = v_seq;
+        v_lowest := least(v_lowest, v_seq);
     END LOOP;
     LOOP
         SELECT * INTO w FROM @schema@.waiters WHERE name = p_name AND seq > v_after
         ORDER BY seq LIMIT 1;
         IF NOT FOUND OR w.deadline > v_now THEN
             head := w;
+            cleared := v_budget < 64 OR coalesce(v_lowest < w.seq, false);
             RETURN;
         END IF;
         IF v_budget = 0 THEN
             -- Whether anyone live stands behind them (by the deadline index: no walk).
             unknown := EXISTS (SELECT 1 FROM @schema@.waiters
                                WHERE name = p_name AND deadline > v_now);
+            cleared := true;
             RETURN;
         END IF;
         DELETE FROM @schema@.waiters WHERE name = p_name AND seq = w.seq;

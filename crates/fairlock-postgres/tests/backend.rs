@@ -956,3 +956,57 @@ async fn an_install_given_up_leaves_the_callers_pool_usable() {
         "the pool's connection was left running the install"
     );
 }
+
+/// A newcomer whose call deletes the dead head (d) of a free lock tells the live waiter
+/// behind it (b), which was not the head at its last call and would otherwise wait for its
+/// heartbeat (the contract's SHOULD; the Redis scripts and the memory backend do the same).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_that_clears_a_dead_head_wakes_the_live_one() {
+    use fairlock::backend::{AcquireRequest, Wake};
+    let server = Server::start();
+    let backend = server.backend().await;
+    let lock = name();
+    let holding = AcquireRequest {
+        lease: Duration::from_millis(200),
+        ..request(&lock, &owner("a"), true)
+    };
+    assert!(matches!(
+        backend.acquire(&holding).await.unwrap(),
+        AcquireOutcome::Granted(_)
+    ));
+    let dying = AcquireRequest {
+        waiter_ttl: Duration::from_millis(100),
+        ..request(&lock, &owner("d"), true)
+    };
+    let b = request(&lock, &owner("b"), true);
+    let queued = backend.acquire(&dying).await.unwrap();
+    assert!(
+        matches!(queued, AcquireOutcome::Queued { .. }),
+        "{queued:?}"
+    );
+    let queued = backend.acquire(&b).await.unwrap();
+    assert!(
+        matches!(
+            queued,
+            AcquireOutcome::Queued {
+                retry_after: None,
+                ..
+            }
+        ),
+        "b is not the head (no hint to look when the lease ends): {queued:?}"
+    );
+    let mut watch = backend.watch(&lock, &b.owner).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A newcomer finds the lock free, deletes d and queues behind b.
+    let newcomer = backend
+        .acquire(&request(&lock, &owner("e"), true))
+        .await
+        .unwrap();
+    assert!(matches!(newcomer, AcquireOutcome::Queued { .. }));
+    let wake = tokio::time::timeout(Duration::from_secs(2), watch.recv()).await;
+    assert_eq!(
+        wake,
+        Ok(Some(Wake::Recheck)),
+        "b heads a free lock and was not told"
+    );
+}
