@@ -71,18 +71,11 @@ BEGIN
     v_front := @schema@._front(p_name, v_now);
     v_head := v_front.head;
     v_unknown := v_front.unknown;
-    IF v_unknown AND (SELECT count(*) FROM (SELECT 1 FROM @schema@.waiters
-                                            WHERE name = p_name AND deadline > v_now
-                                            LIMIT 2) live) = 1 THEN
-        -- More dead entries in front than this call may clear; if the one live entry is the
-        -- caller's, it is first all the same.
-        SELECT * INTO v_mine FROM @schema@.waiters
-        WHERE name = p_name AND attempt = p_attempt AND deadline > v_now;
-        IF FOUND THEN
-            v_head := v_mine;
-            v_unknown := false;
-        END IF;
-        v_mine := NULL;
+    IF v_unknown AND @schema@._only_live(p_name, v_now) = p_attempt THEN
+        -- More dead entries in front than this call may clear, but the one live entry is the
+        -- caller's: it is first all the same.
+        SELECT * INTO v_head FROM @schema@.waiters WHERE name = p_name AND attempt = p_attempt;
+        v_unknown := false;
     END IF;
     IF l.owner IS NULL AND NOT v_unknown AND (v_head.seq IS NULL OR v_head.attempt = p_attempt) THEN
         -- Free, and nobody live ahead: a first grant, with a new token.

@@ -59,7 +59,7 @@ SELECT @schema@._create_index('locks_gc_after', 'CREATE INDEX locks_gc_after ON 
 
 -- The FIFO queue: one row per queued attempt, served in `seq` order. An entry whose deadline
 -- has passed is gone wherever it stands: every read filters it out, and the functions delete
--- such entries a few at a time (and all of them with the lock's row).
+-- such entries a few at a time.
 CREATE TABLE IF NOT EXISTS @schema@.waiters (
     name     text COLLATE "C" NOT NULL REFERENCES @schema@.locks (name) ON DELETE CASCADE,
     seq      bigint NOT NULL,
@@ -125,7 +125,8 @@ BEGIN
     -- it would read the snapshot from before the wait, and could miss a change made meanwhile
     -- (an abandon that spent the attempt). SERIALIZABLE aborts such a pair instead, so every
     -- call that waited for a busy lock's row would fail and be retried, again and again.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    -- (READ UNCOMMITTED runs as READ COMMITTED.)
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'fairlock needs READ COMMITTED, not %',
                         upper(current_setting('transaction_isolation'))
             USING ERRCODE = 'invalid_transaction_state',
@@ -259,6 +260,22 @@ BEGIN
         v_budget := v_budget - 1;
     END LOOP;
 END $$;
+-- The attempt of the lock's one live queue entry; NULL when it has none or more than one.
+-- (By the deadline index only, like _front: no plan may read every live entry.)
+CREATE OR REPLACE FUNCTION @schema@._only_live(p_name text, v_now timestamptz) RETURNS uuid
+LANGUAGE plpgsql STABLE SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+DECLARE
+    v_live uuid[];
+BEGIN
+    v_live := ARRAY(SELECT attempt FROM @schema@.waiters
+                    WHERE name = p_name AND deadline > v_now
+                    ORDER BY deadline LIMIT 2);
+    IF cardinality(v_live) = 1 THEN
+        RETURN v_live[1];
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- The version before the budget, which returned the head alone.
 DROP FUNCTION IF EXISTS @schema@._head(text, timestamptz);
 
@@ -337,8 +354,8 @@ END $$;
 -- up to 8 spent-attempt records past their horizon; up to 2 force-release records past
 -- theirs; up to 8 expired queue entries of one lock, the one with the oldest dead entry, the
 -- caller's own included (so a queue whose waiters died leaves nothing, even if nobody touches
--- that lock again); and up to 2 other locks' rows past gc_after (idle for the fence margin;
--- any expired waiters left go with them). SKIP LOCKED: it never waits for anyone, so it
+-- that lock again); and up to 2 other locks' rows past gc_after (idle for the fence margin),
+-- each after its expired entries, up to 8 of them a call. SKIP LOCKED: it never waits for anyone, so it
 -- cannot close a cycle of waits; and it touches a lock's queue only while holding its row.
 CREATE OR REPLACE FUNCTION @schema@._gc(p_name text, v_now timestamptz)
 RETURNS void LANGUAGE plpgsql SET enable_bitmapscan = off SET enable_seqscan = off AS $$
@@ -380,13 +397,20 @@ BEGIN
             END LOOP;
         END IF;
     END IF;
-    -- Only rows whose queue is cleared: deleting a row deletes its entries with it, and a
-    -- mass death left too many of them for one call (the step above clears them 8 a call).
     FOR v_name IN
-        SELECT name FROM @schema@.locks l WHERE gc_after <= v_now AND name <> p_name
-          AND NOT EXISTS (SELECT 1 FROM @schema@.waiters w WHERE w.name = l.name)
+        SELECT name FROM @schema@.locks WHERE gc_after <= v_now AND name <> p_name
         ORDER BY gc_after LIMIT 2 FOR UPDATE SKIP LOCKED
     LOOP
-        DELETE FROM @schema@.locks WHERE name = v_name;
+        -- Its entries first, 8 a call (all expired: gc_after is past every deadline):
+        -- deleting the row would delete them with it, and a mass death leaves too many of
+        -- them for one call.
+        FOR v_seq IN
+            SELECT seq FROM @schema@.waiters WHERE name = v_name ORDER BY seq LIMIT 8
+        LOOP
+            DELETE FROM @schema@.waiters WHERE name = v_name AND seq = v_seq;
+        END LOOP;
+        IF NOT EXISTS (SELECT 1 FROM @schema@.waiters WHERE name = v_name) THEN
+            DELETE FROM @schema@.locks WHERE name = v_name;
+        END IF;
     END LOOP;
 END $$;
