@@ -113,7 +113,8 @@ pub async fn pending_grant_lasts_the_waiter_ttl(backend: Arc<dyn LockBackend>) {
 /// long as its owner's other guards renew the hold, and its release never come.
 pub async fn pending_level_lapses_beside_a_reentry(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "pending_level_lapses_beside_a_reentry";
-    let ttl = Duration::from_millis(400);
+    // Long enough that the re-entry lands before the pending level lapses, on a slow store.
+    let ttl = Duration::from_secs(2);
     let long = Duration::from_secs(5);
     let (name, dead) = lapsing_hand_over(&backend, ttl, CHECK).await;
     let other = AttemptId::random();

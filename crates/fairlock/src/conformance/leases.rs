@@ -220,7 +220,17 @@ pub async fn expired_hold_stays_ended(backend: Arc<dyn LockBackend>) {
         state.holder.is_none(),
         "{CHECK}: the expired hold came back: {state:?}"
     );
-    let again = raw_acquire_as(&backend, &name, &owner, second, lease, ttl, false).await;
+    // A long lease: the release below must find the hold however slow the store.
+    let again = raw_acquire_as(
+        &backend,
+        &name,
+        &owner,
+        second,
+        Duration::from_secs(30),
+        ttl,
+        false,
+    )
+    .await;
     let AcquireOutcome::Granted(new) = again else {
         panic!("{CHECK}: a new attempt of the owner on the free lock: got {again:?}");
     };
