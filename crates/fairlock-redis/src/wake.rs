@@ -92,13 +92,12 @@ fn slot_map_of(routing: &ClusterRouting) -> SlotMap {
 /// The number of hash slots of a Redis Cluster.
 const HASH_SLOTS: usize = 16_384;
 
-/// Whether `slots` has every hash slot served.
-fn serves_every_slot(slots: &SlotMap) -> bool {
-    let served: usize = slots
+/// How many hash slots `slots` has served.
+fn served(slots: &SlotMap) -> usize {
+    slots
         .iter()
         .map(|(start, end, _)| usize::from(end.saturating_sub(*start)) + 1)
-        .sum();
-    served == HASH_SLOTS
+        .sum()
 }
 
 /// The slot whose node fred sends `subscriber`'s classic subscriptions to in a Cluster (see
@@ -108,12 +107,14 @@ fn classic_slot(subscriber: &SubscriberClient) -> u16 {
 }
 
 /// The cluster's slot map, read with `CLUSTER SLOTS` from the nodes `client` routes to, one
-/// after the other until one answers with every slot served. A node that answers with less
-/// is out of the cluster or behind it: a node removed from the cluster and reset answers with
-/// no slots at all, and asking it alone (fred sends a command without a slot over one and
-/// the same connection) would hide every later change.
+/// after the other until one answers with every slot served; failing that (a cluster that
+/// runs with slots unserved, or nodes behind a change), the answer that serves the most, if
+/// any does. A node removed from the cluster and reset answers with no slots at all, and
+/// asking it alone (fred sends a command without a slot over one and the same connection)
+/// would hide every later change.
 async fn read_slot_map(client: &fred::clients::Client) -> Option<SlotMap> {
     let nodes = client.cached_cluster_state()?.unique_hash_slots();
+    let mut best: Option<SlotMap> = None;
     for slot in nodes {
         let command = CustomCommand::new_static("CLUSTER", ClusterHash::Custom(slot), false);
         match client
@@ -123,8 +124,11 @@ async fn read_slot_map(client: &fred::clients::Client) -> Option<SlotMap> {
         {
             Ok(routing) => {
                 let slots = slot_map_of(&routing);
-                if serves_every_slot(&slots) {
+                if served(&slots) == HASH_SLOTS {
                     return Some(slots);
+                }
+                if served(&slots) > best.as_ref().map_or(0, served) {
+                    best = Some(slots);
                 }
             }
             Err(error) => {
@@ -132,7 +136,7 @@ async fn read_slot_map(client: &fred::clients::Client) -> Option<SlotMap> {
             }
         }
     }
-    None
+    best
 }
 
 /// The slot map `client` routes with.
@@ -286,6 +290,14 @@ impl Dispatcher {
                         // at its lock, and subscribe our channels again; then once more, for
                         // what was published while resubscribing.
                         dispatcher.recheck_all();
+                        // In a Cluster the subscriptions now go where the subscriber's
+                        // routes say: the node to follow for classic ones (see `moved`).
+                        if let Some(slots) = slot_map(&dispatcher.subscriber) {
+                            *dispatcher
+                                .known_slots
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner()) = Some(slots);
+                        }
                         dispatcher.resubscribe().await;
                         dispatcher.recheck_all();
                     }
@@ -371,13 +383,13 @@ impl Dispatcher {
     /// connections to nodes that left), every watched channel is subscribed again, and every
     /// waiter looks. The map recorded is the subscriber's: if it read a stale view from a node
     /// that had not heard of the move yet, the next check differs again and the subscriptions
-    /// follow then. A map that leaves slots unserved is no view of the cluster (a node that
-    /// was removed and reset answers with none): it is ignored.
+    /// follow then. A map that serves no slot is no view of the cluster (a node that was
+    /// removed and reset answers with one): it is ignored.
     async fn topology_changed(&self, slots: Option<SlotMap>) {
         let Some(mode) = self.pubsub.known() else {
             return;
         };
-        let Some(slots) = slots.filter(serves_every_slot) else {
+        let Some(slots) = slots.filter(|slots| !slots.is_empty()) else {
             return;
         };
         if !self.moved(mode, &slots) {
