@@ -255,6 +255,34 @@ async fn operations_do_not_walk_the_queue() {
     assert_eq!(state.waiters.len(), WAITERS - 2 + 2);
 }
 
+/// The entries in `lock`'s queue, live and dead.
+async fn queue_rows(client: &tokio_postgres::Client, lock: &fairlock::LockName) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM fairlock.waiters WHERE name = $1",
+            &[&lock.as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Keeps queue positions 0 to `dead - 1` of `lock` free for [`bury`]: later joins queue
+/// behind them.
+async fn leave_room_in_front(
+    client: &tokio_postgres::Client,
+    lock: &fairlock::LockName,
+    dead: usize,
+) {
+    client
+        .execute(
+            "UPDATE fairlock.locks SET next_seq = $2 WHERE name = $1",
+            &[&lock.as_str(), &(dead as i64)],
+        )
+        .await
+        .unwrap();
+}
+
 /// Writes `dead` queue entries of `lock` whose deadlines have passed, at queue positions
 /// 0 to `dead - 1`: waiters that joined and died without a word, as after a mass crash.
 async fn bury(client: &tokio_postgres::Client, lock: &fairlock::LockName, dead: usize) {
@@ -424,16 +452,7 @@ async fn a_mass_death_in_front_is_cleared_a_bounded_number_per_call() {
     let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
     tokio::spawn(connection);
     let lock = name();
-    let rows = || async {
-        client
-            .query_one(
-                "SELECT count(*) FROM fairlock.waiters WHERE name = $1",
-                &[&lock.as_str()],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let rows = || queue_rows(&client, &lock);
 
     let holding = request(&lock, &owner("holder"), true);
     let AcquireOutcome::Granted(grant) = backend.acquire(&holding).await.unwrap() else {
@@ -442,13 +461,7 @@ async fn a_mass_death_in_front_is_cleared_a_bounded_number_per_call() {
     // Two live waiters behind the dead: neither is first for sure before they are cleared.
     // The dead are written straight into the table, in front of them (queue positions below
     // theirs, deadlines passed), so no call clears any before the release.
-    client
-        .execute(
-            "UPDATE fairlock.locks SET next_seq = $2 WHERE name = $1",
-            &[&lock.as_str(), &(DEAD as i64)],
-        )
-        .await
-        .unwrap();
+    leave_room_in_front(&client, &lock, DEAD).await;
     let [survivor, second] = ["survivor", "second"].map(|who| AcquireRequest {
         waiter_ttl: Duration::from_secs(120),
         ..request(&lock, &owner(who), true)
@@ -538,16 +551,7 @@ async fn an_idle_row_left_by_a_mass_death_goes_a_bounded_part_per_call() {
     let (client, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
     tokio::spawn(connection);
     let lock = name();
-    let rows = || async {
-        client
-            .query_one(
-                "SELECT count(*) FROM fairlock.waiters WHERE name = $1",
-                &[&lock.as_str()],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let rows = || queue_rows(&client, &lock);
     let holding = AcquireRequest {
         lease: Duration::from_millis(500),
         ..request(&lock, &owner("holder"), false)
@@ -557,13 +561,7 @@ async fn an_idle_row_left_by_a_mass_death_goes_a_bounded_part_per_call() {
     };
     // The lease ends, then the fence margin passes; nobody touches the lock, whose queue
     // holds the dead of a mass crash (written straight into the table).
-    client
-        .execute(
-            "UPDATE fairlock.locks SET next_seq = $2 WHERE name = $1",
-            &[&lock.as_str(), &(DEAD as i64)],
-        )
-        .await
-        .unwrap();
+    leave_room_in_front(&client, &lock, DEAD).await;
     bury(&client, &lock, DEAD).await;
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(rows().await, DEAD as i64);

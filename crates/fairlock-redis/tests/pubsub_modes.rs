@@ -63,52 +63,81 @@ fn slow_polling() -> LockOptions {
 /// the lock within a second of the unlock, which only a published wake-up can do. Returns
 /// both clients, still connected.
 async fn hand_over_is_woken(url: &str) -> (LockClient, LockClient) {
-    let connect = || async {
-        LockClient::new(RedisBackend::connect(url).await.expect("connects"))
-            .with_options(slow_polling())
-            .unwrap()
-    };
-    let (holder, waiter) = (connect().await, connect().await);
-    let lock = name();
-    let guard = holder
-        .fair_lock(lock.as_str())
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
-    let waiting = {
-        let lock = waiter.fair_lock(lock.as_str()).unwrap();
-        tokio::spawn(async move { lock.lock().await })
-    };
-    // Wait until the waiter is queued (and so subscribed), then some more.
-    let queued = Instant::now();
-    while holder
-        .state(lock.as_str())
-        .await
-        .unwrap()
-        .waiters
-        .is_empty()
-    {
-        assert!(queued.elapsed() < Duration::from_secs(5), "never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let hand_over = HandOver::queue(url).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let token = guard.fencing_token();
-    let released = Instant::now();
-    guard.unlock().await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the waiter was not woken (it would have waited for its heartbeat)")
-        .unwrap()
-        .unwrap();
-    let took = released.elapsed();
-    assert!(next.fencing_token() > token);
-    assert!(
-        took < Duration::from_secs(1),
-        "hand-over took {took:?}: not a wake-up"
-    );
-    next.unlock().await.unwrap();
-    (holder, waiter)
+    hand_over.release_wakes_the_waiter("").await
+}
+
+/// A waiter queued behind a holder, each on a backend of its own (as two processes), with
+/// [`slow_polling`] options.
+struct HandOver {
+    holder: LockClient,
+    waiter: LockClient,
+    lock: fairlock::LockName,
+    guard: fairlock::LockGuard,
+    waiting: tokio::task::JoinHandle<fairlock::Result<fairlock::LockGuard>>,
+}
+
+impl HandOver {
+    /// Returns once the waiter is queued (and so subscribed).
+    async fn queue(url: &str) -> HandOver {
+        let connect = || async {
+            LockClient::new(RedisBackend::connect(url).await.expect("connects"))
+                .with_options(slow_polling())
+                .unwrap()
+        };
+        let (holder, waiter) = (connect().await, connect().await);
+        let lock = name();
+        let guard = holder
+            .fair_lock(lock.as_str())
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let waiting = {
+            let lock = waiter.fair_lock(lock.as_str()).unwrap();
+            tokio::spawn(async move { lock.lock().await })
+        };
+        let queued = Instant::now();
+        while holder
+            .state(lock.as_str())
+            .await
+            .unwrap()
+            .waiters
+            .is_empty()
+        {
+            assert!(queued.elapsed() < Duration::from_secs(5), "never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        HandOver {
+            holder,
+            waiter,
+            lock,
+            guard,
+            waiting,
+        }
+    }
+
+    /// The holder unlocks: the waiter must get the lock within a second, which only a
+    /// published wake-up can do (`case` names the case in a failure). Returns both clients.
+    async fn release_wakes_the_waiter(self, case: &str) -> (LockClient, LockClient) {
+        let token = self.guard.fencing_token();
+        let released = Instant::now();
+        self.guard.unlock().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), self.waiting)
+            .await
+            .expect("the waiter was not woken (it would have waited for its heartbeat)")
+            .unwrap()
+            .unwrap();
+        let took = released.elapsed();
+        assert!(next.fencing_token() > token);
+        assert!(
+            took < Duration::from_secs(1),
+            "{case}hand-over took {took:?}: not a wake-up"
+        );
+        next.unlock().await.unwrap();
+        (self.holder, self.waiter)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,24 +313,8 @@ async fn a_waiter_is_woken_after_its_subscriptions_node_leaves_a_6_2_cluster() {
 async fn waiter_outlives_its_subscriptions_node(shut_down: bool) {
     let mut cluster =
         RedisCluster::start_binary(redis62_server(), 3, &[]).expect("the cluster starts");
-    let url = cluster.url();
-    let connect = || async {
-        LockClient::new(RedisBackend::connect(&url).await.expect("connects"))
-            .with_options(slow_polling())
-            .unwrap()
-    };
-    let (holder, waiter) = (connect().await, connect().await);
-    let lock = name();
-    let guard = holder
-        .fair_lock(lock.as_str())
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
-    let waiting = {
-        let lock = waiter.fair_lock(lock.as_str()).unwrap();
-        tokio::spawn(async move { lock.lock().await })
-    };
+    let hand_over = HandOver::queue(&cluster.url()).await;
+    let lock = &hand_over.lock;
     // The node holding the waiter's subscriptions: the one that lists channels.
     let started = Instant::now();
     let subscribed_on = loop {
@@ -357,19 +370,7 @@ async fn waiter_outlives_its_subscriptions_node(shut_down: bool) {
     };
     // Time to notice (the slot map is read every second while a lock is watched).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let token = guard.fencing_token();
-    let released = Instant::now();
-    guard.unlock().await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the waiter was not woken (it would have waited for its heartbeat)")
-        .unwrap()
-        .unwrap();
-    let took = released.elapsed();
-    assert!(next.fencing_token() > token);
-    assert!(
-        took < Duration::from_secs(1),
-        "shut down: {shut_down}: hand-over took {took:?}: not a wake-up"
-    );
-    next.unlock().await.unwrap();
+    hand_over
+        .release_wakes_the_waiter(&format!("shut down: {shut_down}: "))
+        .await;
 }
