@@ -522,9 +522,12 @@ impl RedisCluster {
         }
         let (gone_id, to_id) = (self.node_id(index)?, self.node_id(to)?);
         let slots = self.slots_of(index)?;
-        // The new owner first, then the old one (which lets go of a slot without keys), then
-        // the rest: no node ever sees a slot unassigned.
-        let mut order = vec![to, index];
+        // The old owner first (it lets go of a slot without keys), then the new one, then
+        // the rest: no node ever sees a slot unassigned. Not the new owner first: its claim,
+        // gossiped with a higher epoch while the old owner still held them, could take the
+        // old owner's last slot from under it, which turns it into the new owner's replica
+        // ("SETSLOT only with masters" for the rest of the batch).
+        let mut order = vec![index, to];
         order.extend((0..self.nodes.len()).filter(|i| *i != to && *i != index));
         for node in order {
             let texts: Vec<String> = slots.iter().map(u16::to_string).collect();
