@@ -100,7 +100,7 @@ BEGIN
        AND v_front.cleared THEN
         -- The lock is free and this call cleared the dead in front of the head: tell it now
         -- rather than at its next heartbeat.
-        PERFORM pg_notify(@channel@, 'R ' || v_head.owner || E'\n' || p_name);
+        PERFORM @schema@._tell(p_name, v_head.owner);
     END IF;
 
     IF NOT p_queue THEN

@@ -279,6 +279,13 @@ END $$;
 -- The version before the budget, which returned the head alone.
 DROP FUNCTION IF EXISTS @schema@._head(text, timestamptz);
 
+-- Tells `p_owner`'s waiters of the lock to look again (`R`), or every waiter of it when
+-- `p_owner` is NULL (`A`); the notification goes out at commit (see src/wake.rs).
+CREATE OR REPLACE FUNCTION @schema@._tell(p_name text, p_owner text)
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_notify(@channel@, coalesce('R ' || p_owner, 'A') || E'\n' || p_name)
+$$;
+
 -- The lock has just become free (l.owner IS NULL): hand it to the head live waiter as a new
 -- hold whose only level is pending, lapsing (with the lease) after the waiter's liveness
 -- TTL; spend that attempt and tell its owner (the notification is sent at commit).
@@ -297,7 +304,7 @@ BEGIN
             -- Live waiters stand behind more dead ones than this call may clear: the lock
             -- stays free, and every waiter of it looks again; their calls clear the rest and
             -- the first live one takes it (a newcomer cannot: it finds them in front of it).
-            PERFORM pg_notify(@channel@, 'A' || E'\n' || l.name);
+            PERFORM @schema@._tell(l.name, NULL);
         END IF;
         RETURN l;
     END IF;
@@ -327,9 +334,9 @@ DECLARE
 BEGIN
     v_front := @schema@._front(p_name, v_now);
     IF (v_front.head).seq IS NOT NULL THEN
-        PERFORM pg_notify(@channel@, 'R ' || (v_front.head).owner || E'\n' || p_name);
+        PERFORM @schema@._tell(p_name, (v_front.head).owner);
     ELSIF v_front.unknown THEN
-        PERFORM pg_notify(@channel@, 'A' || E'\n' || p_name);
+        PERFORM @schema@._tell(p_name, NULL);
     END IF;
 END $$;
 

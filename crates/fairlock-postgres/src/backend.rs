@@ -44,15 +44,17 @@ pub(crate) fn pool_error(error: PoolError, context: Context<'_>) -> fairlock::Er
     }
 }
 
-/// A connection from `pool` within `limit`: the pool's own wait and create timeouts are
-/// the caller's choice with `from_pool`, and may be none.
+/// A connection from `pool` within `limit` (the pool's own wait and create timeouts are
+/// the caller's choice with `from_pool`, and may be none), for a statement: see [`InFlight`].
 pub(crate) async fn pooled(
     pool: &deadpool_postgres::Pool,
     limit: Duration,
     context: Context<'_>,
-) -> fairlock::Result<Object> {
+) -> fairlock::Result<InFlight> {
     match tokio::time::timeout(limit, pool.get()).await {
-        Ok(client) => client.map_err(|error| pool_error(error, context)),
+        Ok(client) => client
+            .map(|client| InFlight(Some(client)))
+            .map_err(|error| pool_error(error, context)),
         Err(_elapsed) => Err(error::unavailable(
             context.endpoint,
             format!("no pooled connection within {limit:?}"),
@@ -72,10 +74,6 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct InFlight(Option<Object>);
 
 impl InFlight {
-    pub(crate) fn new(client: Object) -> Self {
-        InFlight(Some(client))
-    }
-
     pub(crate) fn client(&self) -> &Object {
         self.0.as_ref().expect("taken only by done or drop")
     }
@@ -141,8 +139,7 @@ impl PostgresBackend {
         lock: Option<&str>,
     ) -> Result<Vec<Row>> {
         let context = self.context(lock);
-        let mut in_flight =
-            InFlight::new(pooled(&self.inner.pool, self.inner.connect_timeout, context).await?);
+        let mut in_flight = pooled(&self.inner.pool, self.inner.connect_timeout, context).await?;
         let client = in_flight.client();
         let mut outcome =
             tokio::time::timeout(OPERATION_TIMEOUT, Self::query(client, query, params)).await;

@@ -7,7 +7,7 @@ use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, Recycling
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
 
-use crate::backend::InFlight;
+use crate::backend::pooled;
 use crate::error::{self, Context};
 use crate::schema::{self, Sql, DEFAULT_SCHEMA};
 use crate::wake::Dispatcher;
@@ -190,8 +190,7 @@ async fn build(
         // Given up (timed out, or this future dropped), the install may still run on its
         // connection: that one leaves the pool (a pool of the caller's) instead of making
         // the next user wait behind it.
-        let mut in_flight =
-            InFlight::new(crate::backend::pooled(&pool, connect_timeout, context).await?);
+        let mut in_flight = pooled(&pool, connect_timeout, context).await?;
         let installed =
             tokio::time::timeout(connect_timeout * 4, sql.install(in_flight.client(), false))
                 .await

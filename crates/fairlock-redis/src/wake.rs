@@ -292,12 +292,7 @@ impl Dispatcher {
                         dispatcher.recheck_all();
                         // In a Cluster the subscriptions now go where the subscriber's
                         // routes say: the node to follow for classic ones (see `moved`).
-                        if let Some(slots) = slot_map(&dispatcher.subscriber) {
-                            *dispatcher
-                                .known_slots
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner()) = Some(slots);
-                        }
+                        dispatcher.note_subscriber_routes();
                         dispatcher.resubscribe().await;
                         dispatcher.recheck_all();
                     }
@@ -319,7 +314,7 @@ impl Dispatcher {
         self: &Arc<Self>,
         clients: impl IntoIterator<Item = &'c fred::clients::Client>,
     ) {
-        *self.known_slots.lock().unwrap_or_else(|e| e.into_inner()) = slot_map(&self.subscriber);
+        self.note_subscriber_routes();
         let mut first = None;
         for client in clients {
             first.get_or_insert_with(|| client.clone());
@@ -404,8 +399,7 @@ impl Dispatcher {
         if self.subscriber.sync_cluster().await.is_err() {
             return;
         }
-        let followed = slot_map(&self.subscriber);
-        *self.known_slots.lock().unwrap_or_else(|e| e.into_inner()) = followed;
+        self.note_subscriber_routes();
         tracing::debug!("fairlock-redis: cluster slots moved; subscribing again");
         self.resubscribe().await;
         self.recheck_all();
@@ -433,6 +427,12 @@ impl Dispatcher {
                 subscribed_on.is_none_or(|node| !slots.iter().any(|(_, _, id)| id == node))
             }
         }
+    }
+
+    /// Records the slot map the subscriber routes with now, as the one its subscriptions are
+    /// (about to be) made with: `None` outside a Cluster.
+    fn note_subscriber_routes(&self) {
+        *self.known_slots.lock().unwrap_or_else(|e| e.into_inner()) = slot_map(&self.subscriber);
     }
 
     fn known_slots(&self) -> Option<SlotMap> {

@@ -354,12 +354,7 @@ impl RedisCluster {
                 continue;
             }
             let serves = fields[8..].iter().any(|range| {
-                let mut bounds = range.splitn(2, '-').map(str::parse::<u16>);
-                match (bounds.next(), bounds.next()) {
-                    (Some(Ok(first)), Some(Ok(last))) => (first..=last).contains(&slot),
-                    (Some(Ok(only)), None) => only == slot,
-                    _ => false,
-                }
+                slot_range(range).is_some_and(|(first, last)| (first..=last).contains(&slot))
             });
             if !serves {
                 continue;
@@ -574,18 +569,23 @@ impl RedisCluster {
             .skip(8)
             .filter(|r| !r.starts_with('['))
         {
-            let mut bounds = range.splitn(2, '-').map(str::parse::<u16>);
-            let bad =
-                || io::Error::new(io::ErrorKind::InvalidData, format!("slot range {range:?}"));
-            let first = bounds.next().ok_or_else(bad)?.map_err(|_| bad())?;
-            let last = bounds
-                .next()
-                .transpose()
-                .map_err(|_| bad())?
-                .unwrap_or(first);
+            let (first, last) = slot_range(range).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("slot range {range:?}"))
+            })?;
             slots.extend(first..=last);
         }
         Ok(slots)
+    }
+}
+
+/// A slot entry of `CLUSTER NODES`, `first-last` or a single slot, as `(first, last)`; `None`
+/// for anything else (a slot being moved is shown in brackets).
+fn slot_range(entry: &str) -> Option<(u16, u16)> {
+    let mut bounds = entry.splitn(2, '-').map(str::parse::<u16>);
+    match (bounds.next(), bounds.next()) {
+        (Some(Ok(first)), Some(Ok(last))) => Some((first, last)),
+        (Some(Ok(only)), None) => Some((only, only)),
+        _ => None,
     }
 }
 

@@ -28,15 +28,7 @@ impl LockName {
         if name.is_empty() {
             return Err(Error::invalid("lock name", "must not be empty"));
         }
-        if name.len() > MAX_NAME_LEN {
-            return Err(Error::invalid(
-                "lock name",
-                format!("is {} bytes, the limit is {MAX_NAME_LEN}", name.len()),
-            ));
-        }
-        if name.contains('\0') {
-            return Err(Error::invalid("lock name", "must not contain NUL"));
-        }
+        check_name_text("lock name", name)?;
         Ok(LockName(name.into()))
     }
 
@@ -49,20 +41,20 @@ impl LockName {
 /// Checks a prefix of lock names (for `list`): one no name could start with (longer than
 /// [`MAX_NAME_LEN`], or with a NUL byte) is a mistake, not a question with an empty answer.
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
-    if prefix.len() > MAX_NAME_LEN {
+    check_name_text("lock name prefix", prefix)
+}
+
+/// What a lock name, or the start of one, may not be: longer than [`MAX_NAME_LEN`] bytes, or
+/// with a NUL byte.
+fn check_name_text(what: &'static str, text: &str) -> Result<()> {
+    if text.len() > MAX_NAME_LEN {
         return Err(Error::invalid(
-            "lock name prefix",
-            format!(
-                "is {} bytes, longer than a lock name may be ({MAX_NAME_LEN})",
-                prefix.len()
-            ),
+            what,
+            format!("is {} bytes, the limit is {MAX_NAME_LEN}", text.len()),
         ));
     }
-    if prefix.contains('\0') {
-        return Err(Error::invalid(
-            "lock name prefix",
-            "must not contain NUL, which no lock name does",
-        ));
+    if text.contains('\0') {
+        return Err(Error::invalid(what, "must not contain NUL"));
     }
     Ok(())
 }

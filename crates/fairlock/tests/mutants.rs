@@ -389,6 +389,35 @@ impl Mutant {
         Ok(())
     }
 
+    /// The request `owner` last queued with on `name` (for the mutants that confirm a
+    /// hand-over on its attempt's behalf).
+    fn queued_request(&self, name: &LockName, owner: &Owner) -> Option<AcquireRequest> {
+        self.sent
+            .queued_by
+            .lock()
+            .unwrap()
+            .get(&(name.clone(), owner.to_string()))
+            .cloned()
+    }
+
+    /// Ends the hold with `token` at `end` if `still()` then says so: a lease that a mutant
+    /// cut short, played by a force release.
+    fn end_hold_at(
+        &self,
+        name: &LockName,
+        token: u64,
+        end: tokio::time::Instant,
+        still: impl FnOnce() -> bool + Send + 'static,
+    ) {
+        let (store, name) = (Arc::clone(&self.inner), name.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(end).await;
+            if still() {
+                let _ = store.force_release(&name, token).await;
+            }
+        });
+    }
+
     fn token_out(&self, token: u64) -> u64 {
         if self.kind == Kind::TokensDecrease && token != 0 {
             FLIP - token
@@ -560,13 +589,7 @@ impl LockBackend for Mutant {
             Kind::PendingOutlivesReentry | Kind::ReentryConfirmsPending
         ) {
             let holder = self.inner.inspect(&request.name).await?.holder;
-            let queued = self
-                .sent
-                .queued_by
-                .lock()
-                .unwrap()
-                .get(&(request.name.clone(), request.owner.to_string()))
-                .cloned();
+            let queued = self.queued_request(&request.name, &request.owner);
             queued.filter(|queued| {
                 queued.attempt != inner.attempt
                     && holder
@@ -667,12 +690,8 @@ impl LockBackend for Mutant {
             );
         }
         if let (true, AcquireOutcome::Granted(grant)) = (reentering, &outcome) {
-            let (store, name, token) = (Arc::clone(&self.inner), request.name.clone(), grant.token);
-            let lease = request.lease;
-            tokio::spawn(async move {
-                tokio::time::sleep(lease).await;
-                let _ = store.force_release(&name, token).await;
-            });
+            let end = tokio::time::Instant::now() + request.lease;
+            self.end_hold_at(&request.name, grant.token, end, || true);
         }
         match (self.kind, &mut outcome) {
             (Kind::HeartbeatToTail, AcquireOutcome::Queued { .. }) => {
@@ -808,13 +827,7 @@ impl LockBackend for Mutant {
         }
         if self.kind == Kind::ExtendConfirms {
             let holder = self.inner.inspect(name).await?.holder;
-            let queued = self
-                .sent
-                .queued_by
-                .lock()
-                .unwrap()
-                .get(&(name.clone(), owner.to_string()))
-                .cloned();
+            let queued = self.queued_request(name, owner);
             if let (Some(holder), Some(mut request)) = (holder, queued) {
                 if !holder.confirmed && holder.owner == owner.as_str() && holder.token == token {
                     // Its attempt's own acquire, as if the extend had been it.
@@ -830,17 +843,10 @@ impl LockBackend for Mutant {
         if extended && self.kind == Kind::ExtendShortens {
             let end = tokio::time::Instant::now() + lease;
             self.sent.extended_to.lock().unwrap().insert(token, end);
-            let (store, sent, name) = (
-                Arc::clone(&self.inner),
-                Arc::clone(&self.sent),
-                name.clone(),
-            );
-            tokio::spawn(async move {
-                tokio::time::sleep_until(end).await;
-                // Unless a later extend moved the end.
-                if sent.extended_to.lock().unwrap().get(&token) == Some(&end) {
-                    let _ = store.force_release(&name, token).await;
-                }
+            let sent = Arc::clone(&self.sent);
+            // Unless a later extend moved the end.
+            self.end_hold_at(name, token, end, move || {
+                sent.extended_to.lock().unwrap().get(&token) == Some(&end)
             });
         }
         Ok(extended || self.kind == Kind::ExtendHidesLoss)
