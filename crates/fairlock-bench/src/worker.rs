@@ -112,7 +112,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
         };
         let t_acq = clock.now_ns();
         let token = guard.fencing_token();
-        hold_for(hold).await;
+        hold_for(hold);
         let t_rel_start = clock.now_ns();
         if let Err(err) = guard.unlock().await {
             // The hold happened; the line is still printed so the orchestrator sees it.
@@ -134,15 +134,21 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// How far ahead of the end a hold stops sleeping and spins: Tokio's timer fires on
-/// millisecond ticks, so a 1 ms sleep lasts about 2 ms (the protocol asks for HOLD_US within 5 %).
-const SPIN: Duration = Duration::from_micros(1_500);
+/// How far ahead of the end a hold stops sleeping and spins. A thread's sleep overshoots by
+/// about 70 µs here (100 µs at p99: the kernel's default timer slack, then the wake-up), so
+/// this leaves room for it; Tokio's timer, which fires on millisecond ticks, would turn a
+/// 1 ms hold into about 2 (the protocol asks for HOLD_US within 5 %).
+const SPIN: Duration = Duration::from_micros(200);
 
-/// Holds for `hold`, precisely: sleeps while more than [`SPIN`] is left, then spins.
-pub(crate) async fn hold_for(hold: Duration) {
+/// Holds for `hold`, precisely: sleeps while more than [`SPIN`] is left, then spins. Blocks
+/// the calling thread, as a hold's work would.
+///
+/// The sleep matters on a small machine: spinning the whole hold, as this did while it slept
+/// on Tokio's timer, kept one of two vCPUs from the server and the waiting processes.
+pub(crate) fn hold_for(hold: Duration) {
     let end = std::time::Instant::now() + hold;
     if hold > SPIN {
-        tokio::time::sleep(hold - SPIN).await;
+        std::thread::sleep(hold - SPIN);
     }
     while std::time::Instant::now() < end {
         std::hint::spin_loop();

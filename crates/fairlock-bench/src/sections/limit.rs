@@ -81,13 +81,13 @@ pub(crate) async fn run(bench: &Bench) -> Result<(Limit, Section), BoxError> {
             evalsha.push(evalshaed);
         }
     }
-    // The same call after 1 ms of spinning, as a hand-over's release comes after a worker's
-    // hold: the client's CPU was busy and the server's idle, so the server wakes from idle
-    // first (on a VM, a halted vCPU), which a back-to-back round trip never does.
+    // The same call after a worker's 1 ms hold (mostly asleep, spinning at the end), as a
+    // hand-over's release comes after one: the server was idle meanwhile, which a
+    // back-to-back round trip never lets it be.
     let idle_rounds = bench.scale(1_500, 100);
     let mut after_hold = Samples::with_capacity(idle_rounds);
     for _ in 0..idle_rounds {
-        crate::worker::hold_for(HOLD).await;
+        crate::worker::hold_for(HOLD);
         after_hold.push(trips.one().await?);
     }
     trips.close().await;
@@ -114,8 +114,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<(Limit, Section), BoxError> {
     section.note(format!(
         "{rounds} sequential rounds from one fred client on one connection over loopback; \
          this is the floor every lock operation stands on (one script call = one round trip); \
-         'after a 1 ms hold': {idle_rounds} more, each after the client spun for 1 ms as a \
-         benchmark worker's hold does (the server idle meanwhile), the floor a hand-over's \
+         'after a 1 ms hold': {idle_rounds} more, each after the client held for 1 ms as a \
+         benchmark worker does (asleep, then spinning its last 200 µs) (the server idle meanwhile), the floor a hand-over's \
          release stands on"
     ));
     Ok((limit, section))

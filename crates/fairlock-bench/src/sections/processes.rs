@@ -195,9 +195,21 @@ async fn measure(
         Figure::new(format!("{workers} processes: Jain's index"), jain, "")
             .target(">= 0.999", jain >= 0.999),
     );
+    // The protocol asks for the hold within 5 %: the p99 shows what the worker's sleep
+    // overshoots when the machine is busy.
+    let asked = Duration::from_micros(HOLD_US);
+    let within = |length: Duration| length.abs_diff(asked) <= asked / 20;
+    let hold_p50 = hold_lengths.median();
+    section.push(
+        Figure::micros(
+            format!("{workers} processes: hold length p50 (asked {HOLD_US} µs)"),
+            hold_p50,
+        )
+        .target("within 5 %", !holds.is_empty() && within(hold_p50)),
+    );
     section.push(Figure::micros(
-        format!("{workers} processes: hold length p50 (asked {HOLD_US} µs)"),
-        hold_lengths.median(),
+        format!("{workers} processes: hold length p99"),
+        hold_lengths.percentile(99.0),
     ));
     section.push(
         Figure::new(
