@@ -19,7 +19,8 @@
 //! Owners shared through [`fair_lock_as`](crate::LockClient::fair_lock_as) may hold levels
 //! in other handles and processes: their grants are not checked, and neither are those of a
 //! handle whose owner was handed out (`owner()` of the handle or a guard), since it may be
-//! shared that way.
+//! shared that way; not even grants of a hold it set out to free before (a force release
+//! that failed), where another handle may have re-entered since.
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
@@ -118,9 +119,11 @@ impl OwnLevels {
         may_recount: bool,
     ) -> Stale {
         let mut state = self.state();
-        let doomed = state.doomed.contains(&token);
-        let extra =
-            self.exclusive.load(Ordering::Relaxed) && hold_count as usize > state.outstanding;
+        let exclusive = self.exclusive.load(Ordering::Relaxed);
+        // Once the owner is handed out, a hold this handle set out to free may have live
+        // levels of other handles: it is not freed again.
+        let doomed = exclusive && state.doomed.contains(&token);
+        let extra = exclusive && hold_count as usize > state.outstanding;
         if !doomed && !extra {
             return Stale::No;
         }

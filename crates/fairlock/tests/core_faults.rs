@@ -49,6 +49,8 @@ struct Faulty {
     resend_next_force_release: Arc<AtomicBool>,
     /// How many force releases reached the store.
     force_releases: Arc<AtomicUsize>,
+    /// Force releases fail as `Unavailable` and never reach the store.
+    force_releases_down: Arc<AtomicBool>,
     /// The store forgets the next hand-over by the time it is confirmed (a failover that
     /// lost the last writes): the lock is free and the attempt unknown, so the confirmation
     /// is granted a new hold. Played by freeing the hold and renaming the attempt.
@@ -247,6 +249,9 @@ impl LockBackend for Faulty {
     }
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
+        if self.force_releases_down.load(SeqCst) {
+            return Err(down());
+        }
         self.force_releases.fetch_add(1, SeqCst);
         let freed = self.inner.force_release(name, token).await?;
         if self.resend_next_force_release.swap(false, SeqCst) {
@@ -982,6 +987,49 @@ async fn a_handed_out_owner_shares_its_hold() {
     assert_eq!(nested.hold_count(), 2);
     assert_eq!(nested.fencing_token(), held.fencing_token());
     assert!(held.is_held().await.unwrap(), "the shared hold was freed");
+    nested.unlock().await.unwrap();
+    held.unlock().await.unwrap();
+}
+
+/// A handle whose force release of a stale hold failed remembers the hold as one to free. If
+/// its owner is then handed out and a `fair_lock_as` handle re-enters that hold, its level
+/// there is live: the first handle's next grant of the hold must be used, not freed (found by
+/// review: it freed the hold under the other handle's guard, and another owner took the lock).
+#[tokio::test(start_paused = true)]
+async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let first = client.fair_lock("left-to-free").unwrap();
+    let other = client.fair_lock("left-to-free").unwrap();
+    let guard = first.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    backend.lose_next_release.store(true, SeqCst);
+    guard.unlock().await.unwrap();
+    backend.force_releases_down.store(true, SeqCst);
+    let error = first.try_lock().await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    backend.force_releases_down.store(false, SeqCst);
+    assert_eq!(
+        first.state().await.unwrap().holder.map(|h| h.token),
+        Some(stale_token),
+        "the failed force release freed the hold"
+    );
+
+    let second = client
+        .fair_lock_as("left-to-free", first.owner().clone())
+        .unwrap();
+    let held = second.lock().await.unwrap();
+    assert_eq!(held.fencing_token(), stale_token);
+    let nested = first.lock().await.unwrap();
+    assert!(
+        held.is_held().await.unwrap(),
+        "the shared hold was freed under the other handle's guard"
+    );
+    assert_eq!(nested.fencing_token(), stale_token);
+    assert!(
+        matches!(other.try_lock().await, Err(Error::WouldBlock { .. })),
+        "another owner took the lock while this owner's guards held it"
+    );
     nested.unlock().await.unwrap();
     held.unlock().await.unwrap();
 }
