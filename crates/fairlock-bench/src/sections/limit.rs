@@ -115,8 +115,8 @@ pub(crate) async fn run(bench: &Bench) -> Result<(Limit, Section), BoxError> {
         "{rounds} sequential rounds from one fred client on one connection over loopback; \
          this is the floor every lock operation stands on (one script call = one round trip); \
          'after a 1 ms hold': {idle_rounds} more, each after the client held for 1 ms as a \
-         benchmark worker does (asleep, then spinning its last 200 µs) (the server idle meanwhile), the floor a hand-over's \
-         release stands on"
+         benchmark worker does (asleep, then spinning its last 200 µs; the server idle meanwhile): \
+         the floor a hand-over's release stands on"
     ));
     Ok((limit, section))
 }
