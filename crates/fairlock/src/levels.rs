@@ -19,8 +19,10 @@
 //! Owners shared through [`fair_lock_as`](crate::LockClient::fair_lock_as) may hold levels
 //! in other handles and processes: their grants are not checked, and neither are those of a
 //! handle whose owner was handed out (`owner()` of the handle or a guard), since it may be
-//! shared that way; not even grants of a hold it set out to free before (a force release
-//! that failed), where another handle may have re-entered since.
+//! shared that way; nor, once its own force release of it has returned, a hold it set out to
+//! free: another handle may have re-entered that hold since (a force release that failed
+//! leaves it in place). While that force release is under way, the hold's grants are still
+//! freed, not used: the release in flight would free them anyway.
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
@@ -66,6 +68,8 @@ struct State {
     dropped: u64,
     /// Tokens of holds this handle freed, or set out to free: never re-entered.
     doomed: VecDeque<u64>,
+    /// Force releases of this handle under way (see [`Freeing`]).
+    freeing: usize,
 }
 
 impl OwnLevels {
@@ -112,7 +116,7 @@ impl OwnLevels {
     /// grant is to be counted again (`Recount`, if `may_recount`), or neither used nor freed.
     /// Decided on one reading of the tickets, so a release that ends meanwhile is seen whole.
     pub(crate) fn check(
-        &self,
+        self: &Arc<Self>,
         token: u64,
         hold_count: u32,
         dropped_before: u64,
@@ -121,8 +125,9 @@ impl OwnLevels {
         let mut state = self.state();
         let exclusive = self.exclusive.load(Ordering::Relaxed);
         // Once the owner is handed out, a hold this handle set out to free may have live
-        // levels of other handles: it is not freed again.
-        let doomed = exclusive && state.doomed.contains(&token);
+        // levels of other handles: it is not freed again, unless a force release of this
+        // handle (maybe of that hold) is still on its way.
+        let doomed = (exclusive || state.freeing > 0) && state.doomed.contains(&token);
         let extra = exclusive && hold_count as usize > state.outstanding;
         if !doomed && !extra {
             return Stale::No;
@@ -153,7 +158,8 @@ impl OwnLevels {
             }
             state.doomed.push_back(token);
         }
-        Stale::Free
+        state.freeing += 1;
+        Stale::Free(Freeing(Arc::clone(self)))
     }
 
     /// How many tickets have been dropped: read before a call is sent, and given to
@@ -192,8 +198,9 @@ pub(crate) enum Stale {
     No,
     /// A stale level is there, but other calls of the handle are under way: the grant is used.
     Kept,
-    /// Not to be used: free the hold, then queue anew.
-    Free,
+    /// Not to be used: free the hold, then queue anew. Keep the marker until the force
+    /// release has returned (or was dropped).
+    Free(Freeing),
     /// A ticket was dropped since the grant's call was sent: ask for the grant again.
     Recount,
     /// Tickets dropped around the grant's call (counted again as often as allowed) may
@@ -217,6 +224,18 @@ impl Drop for TicketInner {
         let mut state = self.0.state();
         state.outstanding = state.outstanding.saturating_sub(1);
         state.dropped += 1;
+    }
+}
+
+/// A force release of this handle on its way to the store, from [`Stale::Free`]: while one is,
+/// grants of the holds the handle set out to free are freed even if the owner was handed out.
+#[derive(Debug)]
+pub(crate) struct Freeing(Arc<OwnLevels>);
+
+impl Drop for Freeing {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.freeing = state.freeing.saturating_sub(1);
     }
 }
 

@@ -429,7 +429,7 @@ fn unusable(
                 );
                 Some(Ok(Some(grant)))
             }
-            Stale::Free => {
+            Stale::Free(freeing) => {
                 warn!(
                     lock = %shared.name,
                     owner = %shared.owner,
@@ -445,15 +445,18 @@ fn unusable(
                 } else {
                     Duration::ZERO
                 };
-                let freeing = retry_within(budget, || {
+                let releasing = retry_within(budget, || {
                     shared.backend.force_release(&shared.name, grant.token)
                 });
                 let freed = match deadline {
-                    None => freeing.await,
-                    Some(deadline) => timeout_at(deadline, freeing).await.ok()?,
+                    None => releasing.await,
+                    Some(deadline) => timeout_at(deadline, releasing).await.ok()?,
                 };
-                // A failure is returned as it is: the token stays doomed, so retrying would
-                // only find the same hold again while the store refuses to free it.
+                // Returned: from now on a handed-out owner's grants of this hold are used.
+                drop(freeing);
+                // A failure is returned as it is: the token stays doomed (while the owner is
+                // the handle's alone), so retrying would only find the same hold again while
+                // the store refuses to free it.
                 Some(freed.map(|_| None))
             }
         }

@@ -51,6 +51,8 @@ struct Faulty {
     force_releases: Arc<AtomicUsize>,
     /// Force releases fail as `Unavailable` and never reach the store.
     force_releases_down: Arc<AtomicBool>,
+    /// Every force release waits this long before it reaches the store.
+    force_release_delay: Arc<Mutex<Duration>>,
     /// The store forgets the next hand-over by the time it is confirmed (a failover that
     /// lost the last writes): the lock is free and the attempt unknown, so the confirmation
     /// is granted a new hold. Played by freeing the hold and renaming the attempt.
@@ -253,6 +255,10 @@ impl LockBackend for Faulty {
             return Err(down());
         }
         self.force_releases.fetch_add(1, SeqCst);
+        let delay = *self.force_release_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let freed = self.inner.force_release(name, token).await?;
         if self.resend_next_force_release.swap(false, SeqCst) {
             self.force_releases.fetch_add(1, SeqCst);
@@ -1032,6 +1038,44 @@ async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
     );
     nested.unlock().await.unwrap();
     held.unlock().await.unwrap();
+}
+
+/// While a handle's force release of a stale hold is on its way, a grant of that hold to
+/// another call of the handle is freed, not used, even if the owner was handed out meanwhile:
+/// the force release in flight would free it under that call's guard.
+#[tokio::test(start_paused = true)]
+async fn a_hold_being_freed_is_not_used_once_the_owner_is_handed_out() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lock = Arc::new(client.fair_lock("being-freed").unwrap());
+    let guard = lock.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    backend.lose_next_release.store(true, SeqCst);
+    guard.unlock().await.unwrap();
+    *backend.force_release_delay.lock().unwrap() = Duration::from_millis(100);
+    let first = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        backend.force_releases.load(SeqCst),
+        1,
+        "the first call's force release is on its way"
+    );
+    let _ = lock.owner();
+    let second = lock.lock().await.unwrap();
+    let first = first.await.unwrap();
+    for guard in [&first, &second] {
+        assert!(
+            guard.fencing_token() > stale_token,
+            "a call used the hold being freed"
+        );
+        assert!(guard.is_held().await.unwrap());
+    }
+    second.unlock().await.unwrap();
+    first.unlock().await.unwrap();
+    assert!(lock.state().await.unwrap().holder.is_none());
 }
 
 /// A stale level (a release the store lost) found while another call of the same handle is
