@@ -188,6 +188,10 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`fairlock::Error::Unavailable`] if the server could not be asked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads the server. Dropped while it waits for a detection, or
+    /// while detecting, it leaves the mode to the next caller (or the background detection).
     pub async fn pubsub_mode(&self) -> fairlock::Result<PubsubMode> {
         self.inner.pubsub.mode().await.map_err(|error| {
             error::map(

@@ -374,3 +374,37 @@ async fn waiter_outlives_its_subscriptions_node(shut_down: bool) {
         .release_wakes_the_waiter(&format!("shut down: {shut_down}: "))
         .await;
 }
+
+/// `pubsub_mode` is cancel safe: a caller dropped while the detection waits for a stopped
+/// server leaves nothing behind, and the next caller has the mode once the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_mode_detection_leaves_the_next_one_free() {
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+
+    let server = Server::start();
+    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    builder
+        .with_performance_config(|config| config.default_command_timeout = Duration::from_secs(30));
+    let pool = builder.build_pool(1).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    // Stopped before the backend starts detecting: the detection waits for the server.
+    server.0.pause_process().unwrap();
+    let backend = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "dropped:").unwrap();
+    let dropped = tokio::time::timeout(Duration::from_millis(200), backend.pubsub_mode()).await;
+    assert!(
+        dropped.is_err(),
+        "the detection answered a stopped server: {dropped:?}"
+    );
+    server.0.resume_process().unwrap();
+    let mode = tokio::time::timeout(Duration::from_secs(10), backend.pubsub_mode())
+        .await
+        .expect("a detection after a dropped one is not stuck behind it");
+    assert_eq!(mode.unwrap(), PubsubMode::Sharded);
+    let _ = subscriber.quit().await;
+    let _ = pool.quit().await;
+}
