@@ -13,16 +13,18 @@
 //! larger than the number of tickets therefore includes a level nobody will release. When
 //! the attempt that found it is the handle's only one, it frees the hold
 //! (`force_release` of that token: the lock goes to the owner waiting first) and queues
-//! anew. The token is remembered: a grant of it is never used again (it is freed once more),
-//! so a call that re-entered the hold meanwhile, or a `force_release` that arrives late,
-//! cannot cost a guard its level.
+//! anew. The token is remembered: a grant of it is not used (it is freed once more), so a
+//! call that re-entered the hold meanwhile, or a `force_release` that arrives late, cannot
+//! cost a guard its level.
 //! Owners shared through [`fair_lock_as`](crate::LockClient::fair_lock_as) may hold levels
 //! in other handles and processes: their grants are not checked, and neither are those of a
 //! handle whose owner was handed out (`owner()` of the handle or a guard), since it may be
-//! shared that way; nor, once its own force release of it has returned, a hold it set out to
-//! free: another handle may have re-entered that hold since (a force release that failed
-//! leaves it in place). While that force release is under way, the hold's grants are still
-//! freed, not used: the release in flight would free them anyway.
+//! shared that way. Such a handle's grants of a hold it set out to free are used too (another
+//! handle may have re-entered that hold, which a failed force release left in place), but only
+//! once none of its force releases can still reach the store: while one is under way, and for
+//! [`RESEND_HORIZON`] after one ended without an answer (it failed, timed out or was dropped,
+//! and the client may send it again), they are freed as before, since such a force release
+//! would free them anyway.
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
@@ -42,6 +44,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backend::RESEND_HORIZON;
 
 /// How many freed tokens a handle remembers: a `force_release` that may still be on its way
 /// must not meet a level this handle added to that hold since. Tokens only grow, so a hold
@@ -66,10 +71,14 @@ struct State {
     /// Tickets dropped, ever: every level the handle took away from the store (a release, an
     /// abandon) was taken before its ticket was dropped, in the same step as `outstanding`.
     dropped: u64,
-    /// Tokens of holds this handle freed, or set out to free: never re-entered.
+    /// Tokens of holds this handle freed, or set out to free: not re-entered while any
+    /// grant is checked, or while a force release may still land (below).
     doomed: VecDeque<u64>,
     /// Force releases of this handle under way (see [`Freeing`]).
     freeing: usize,
+    /// Until when a force release of this handle that ended without an answer may still
+    /// reach the store.
+    may_land_until: Option<Instant>,
 }
 
 impl OwnLevels {
@@ -108,7 +117,8 @@ impl OwnLevels {
     /// Whether a grant of hold `token` with `hold_count` levels, to an attempt holding one of
     /// this handle's tickets, includes a level nobody will release (or is a hold this handle
     /// set out to free); and if so, and that attempt is the handle's only one, the go-ahead
-    /// to free the hold, whose token is never accepted again. (Releases on their way were
+    /// to free the hold, whose token is not accepted again (see the module docs for a
+    /// handed-out owner). (Releases on their way were
     /// waited for by [`recount`](Self::recount) first.)
     ///
     /// `dropped_before`: [`dropped`](Self::dropped) when the grant's call was sent. A ticket
@@ -126,8 +136,12 @@ impl OwnLevels {
         let exclusive = self.exclusive.load(Ordering::Relaxed);
         // Once the owner is handed out, a hold this handle set out to free may have live
         // levels of other handles: it is not freed again, unless a force release of this
-        // handle (maybe of that hold) is still on its way.
-        let doomed = (exclusive || state.freeing > 0) && state.doomed.contains(&token);
+        // handle (maybe of that hold) may still reach the store, and free it anyway.
+        let may_land = state.freeing > 0
+            || state
+                .may_land_until
+                .is_some_and(|until| Instant::now() < until);
+        let doomed = (exclusive || may_land) && state.doomed.contains(&token);
         let extra = exclusive && hold_count as usize > state.outstanding;
         if !doomed && !extra {
             return Stale::No;
@@ -159,7 +173,10 @@ impl OwnLevels {
             state.doomed.push_back(token);
         }
         state.freeing += 1;
-        Stale::Free(Freeing(Arc::clone(self)))
+        Stale::Free(Freeing {
+            levels: Arc::clone(self),
+            answered: false,
+        })
     }
 
     /// How many tickets have been dropped: read before a call is sent, and given to
@@ -227,15 +244,32 @@ impl Drop for TicketInner {
     }
 }
 
-/// A force release of this handle on its way to the store, from [`Stale::Free`]: while one is,
-/// grants of the holds the handle set out to free are freed even if the owner was handed out.
+/// A force release of this handle on its way to the store, from [`Stale::Free`]: while one
+/// may reach the store, grants of the holds the handle set out to free are freed even if the
+/// owner was handed out. Dropped without [`answered`](Self::answered) (a failure, a time-out,
+/// a dropped call), the force release may still land for [`RESEND_HORIZON`].
 #[derive(Debug)]
-pub(crate) struct Freeing(Arc<OwnLevels>);
+pub(crate) struct Freeing {
+    levels: Arc<OwnLevels>,
+    answered: bool,
+}
+
+impl Freeing {
+    /// The store answered the force release: the hold is gone, and nothing of it will land
+    /// later that could free a hold granted since (tokens are never granted twice).
+    pub(crate) fn answered(mut self) {
+        self.answered = true;
+    }
+}
 
 impl Drop for Freeing {
     fn drop(&mut self) {
-        let mut state = self.0.state();
+        let mut state = self.levels.state();
         state.freeing = state.freeing.saturating_sub(1);
+        if !self.answered {
+            let until = Instant::now() + RESEND_HORIZON;
+            state.may_land_until = Some(state.may_land_until.map_or(until, |t| t.max(until)));
+        }
     }
 }
 

@@ -452,8 +452,11 @@ fn unusable(
                     None => releasing.await,
                     Some(deadline) => timeout_at(deadline, releasing).await.ok()?,
                 };
-                // Returned: from now on a handed-out owner's grants of this hold are used.
-                drop(freeing);
+                // Answered, the hold is gone; otherwise the force release may still land
+                // (see `levels.rs`).
+                if freed.is_ok() {
+                    freeing.answered();
+                }
                 // A failure is returned as it is: the token stays doomed (while the owner is
                 // the handle's alone), so retrying would only find the same hold again while
                 // the store refuses to free it.

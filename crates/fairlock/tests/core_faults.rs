@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fairlock::backend::{
     AcquireOutcome, AcquireRequest, AttemptId, LockBackend, LockState, LockSummary, ReleaseOutcome,
-    Watch,
+    Watch, RESEND_HORIZON,
 };
 use fairlock::{
     Error, FairLock, LockClient, LockGuard, LockName, LockOptions, MemoryBackend, Owner, Result,
@@ -53,6 +53,9 @@ struct Faulty {
     force_releases_down: Arc<AtomicBool>,
     /// Every force release waits this long before it reaches the store.
     force_release_delay: Arc<Mutex<Duration>>,
+    /// Force releases fail as `Unavailable` at once, and reach the store this long after (a
+    /// request the client sent again after a reconnect).
+    force_releases_land_late: Arc<Mutex<Option<Duration>>>,
     /// The store forgets the next hand-over by the time it is confirmed (a failover that
     /// lost the last writes): the lock is free and the attempt unknown, so the confirmation
     /// is granted a new hold. Played by freeing the hold and renaming the attempt.
@@ -252,6 +255,14 @@ impl LockBackend for Faulty {
 
     async fn force_release(&self, name: &LockName, token: u64) -> Result<bool> {
         if self.force_releases_down.load(SeqCst) {
+            return Err(down());
+        }
+        if let Some(delay) = *self.force_releases_land_late.lock().unwrap() {
+            let (inner, name) = (self.inner.clone(), name.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = inner.force_release(&name, token).await;
+            });
             return Err(down());
         }
         self.force_releases.fetch_add(1, SeqCst);
@@ -999,7 +1010,8 @@ async fn a_handed_out_owner_shares_its_hold() {
 
 /// A handle whose force release of a stale hold failed remembers the hold as one to free. If
 /// its owner is then handed out and a `fair_lock_as` handle re-enters that hold, its level
-/// there is live: the first handle's next grant of the hold must be used, not freed (found by
+/// there is live: once the failed force release can no longer reach the store (the resend
+/// horizon), the first handle's next grant of the hold must be used, not freed (found by
 /// review: it freed the hold under the other handle's guard, and another owner took the lock).
 #[tokio::test(start_paused = true)]
 async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
@@ -1026,6 +1038,8 @@ async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
         .unwrap();
     let held = second.lock().await.unwrap();
     assert_eq!(held.fencing_token(), stale_token);
+    // The watchdog keeps the shared hold meanwhile.
+    tokio::time::sleep(RESEND_HORIZON + Duration::from_secs(1)).await;
     let nested = first.lock().await.unwrap();
     assert!(
         held.is_held().await.unwrap(),
@@ -1038,6 +1052,41 @@ async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
     );
     nested.unlock().await.unwrap();
     held.unlock().await.unwrap();
+}
+
+/// A force release that failed may still reach the store (the client sends it again after a
+/// reconnect). Until the resend horizon has passed, the handle's grants of that hold are
+/// freed, not used, even once its owner is handed out: the late force release would free the
+/// hold under the guard (found by review of the fix above, which used them at once).
+#[tokio::test(start_paused = true)]
+async fn a_hold_a_late_force_release_may_free_is_not_used_once_the_owner_is_handed_out() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let lock = client.fair_lock("lands-late").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    backend.lose_next_release.store(true, SeqCst);
+    guard.unlock().await.unwrap();
+    *backend.force_releases_land_late.lock().unwrap() = Some(Duration::from_secs(5));
+    let error = lock.try_lock().await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    *backend.force_releases_land_late.lock().unwrap() = None;
+    assert_eq!(
+        lock.state().await.unwrap().holder.map(|h| h.token),
+        Some(stale_token),
+        "the failed force release landed at once"
+    );
+
+    let _ = lock.owner();
+    let again = lock.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        again.fencing_token() > stale_token,
+        "re-entered the hold a late force release frees"
+    );
+    assert!(again.is_held().await.unwrap());
+    again.unlock().await.unwrap();
+    assert!(lock.state().await.unwrap().holder.is_none());
 }
 
 /// While a handle's force release of a stale hold is on its way, a grant of that hold to
