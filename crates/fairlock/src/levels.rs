@@ -15,16 +15,19 @@
 //! (`force_release` of that token: the lock goes to the owner waiting first) and queues
 //! anew. The token is remembered: a grant of it is not used (it is freed once more), so a
 //! call that re-entered the hold meanwhile, or a `force_release` that arrives late, cannot
-//! cost a guard its level.
+//! cost a guard of this handle its level.
 //! Owners shared through [`fair_lock_as`](crate::LockClient::fair_lock_as) may hold levels
 //! in other handles and processes: their grants are not checked, and neither are those of a
 //! handle whose owner was handed out (`owner()` of the handle or a guard), since it may be
 //! shared that way. Such a handle's grants of a hold it set out to free are used too (another
-//! handle may have re-entered that hold, which a failed force release left in place), but only
-//! once none of its force releases can still reach the store: while one is under way, and for
+//! handle may have re-entered that hold, which a failed force release left in place), but
+//! never freed again (that would take the other handle's level), and used only once none of
+//! its force releases can still reach the store: while one is under way, and for
 //! [`RESEND_HORIZON`] after one ended without an answer (it failed, timed out or was dropped,
-//! and the client may send it again), they are freed as before, since such a force release
-//! would free them anyway.
+//! and the client may send it again), such a grant is neither used nor freed, and the call
+//! asks again a second later (within its deadline; `try_lock` reports `WouldBlock`). A
+//! handle sharing the owner through `fair_lock_as` has no such record: a late force release
+//! of this handle can still free a hold it re-entered.
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
@@ -134,14 +137,17 @@ impl OwnLevels {
     ) -> Stale {
         let mut state = self.state();
         let exclusive = self.exclusive.load(Ordering::Relaxed);
-        // Once the owner is handed out, a hold this handle set out to free may have live
-        // levels of other handles: it is not freed again, unless a force release of this
-        // handle (maybe of that hold) may still reach the store, and free it anyway.
-        let may_land = state.freeing > 0
-            || state
-                .may_land_until
-                .is_some_and(|until| Instant::now() < until);
-        let doomed = (exclusive || may_land) && state.doomed.contains(&token);
+        let doomed = state.doomed.contains(&token);
+        if doomed && !exclusive {
+            // The owner was handed out: another handle may hold a level of this hold, which
+            // freeing it would take. While a force release of this handle may still reach the
+            // store (and free it under a guard), the grant is not used either.
+            let may_land = state.freeing > 0
+                || state
+                    .may_land_until
+                    .is_some_and(|until| Instant::now() < until);
+            return if may_land { Stale::Wait } else { Stale::No };
+        }
         let extra = exclusive && hold_count as usize > state.outstanding;
         if !doomed && !extra {
             return Stale::No;
@@ -223,6 +229,10 @@ pub(crate) enum Stale {
     /// Tickets dropped around the grant's call (counted again as often as allowed) may
     /// account for its extra levels, or not: neither used nor freed; the caller starts over.
     Unsure,
+    /// A hold this handle set out to free, its owner since handed out, while a force release
+    /// of the handle may still reach the store: neither used nor freed; the caller gives its
+    /// level up and asks again a little later.
+    Wait,
 }
 
 /// One attempt's claim on a level: held by the attempt, then by its guard, then by the

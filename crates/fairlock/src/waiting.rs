@@ -421,6 +421,23 @@ fn unusable(
                 }
                 Some(Ok(None))
             }
+            Stale::Wait => {
+                debug!(
+                    token = grant.token,
+                    "a force release of this handle may still free this hold; asking again later"
+                );
+                if let Some(cleanup) = attempt.renew_after_cleanup() {
+                    let _ = tokio::time::timeout(attempt.finishing_patience(), cleanup).await;
+                }
+                if waits {
+                    let pause = tokio::time::sleep(DOOMED_RECHECK);
+                    match deadline {
+                        None => pause.await,
+                        Some(deadline) => timeout_at(deadline, pause).await.ok()?,
+                    }
+                }
+                Some(Ok(None))
+            }
             Stale::Kept => {
                 debug!(
                     token = grant.token,
@@ -457,14 +474,18 @@ fn unusable(
                 if freed.is_ok() {
                     freeing.answered();
                 }
-                // A failure is returned as it is: the token stays doomed (while the owner is
-                // the handle's alone), so retrying would only find the same hold again while
-                // the store refuses to free it.
+                // A failure is returned as it is: the token stays doomed (with the owner handed
+                // out, unused for the resend horizon), so retrying would only find the same
+                // hold again while the store refuses to free it.
                 Some(freed.map(|_| None))
             }
         }
     })
 }
+
+/// How long a call waits before asking again for a hold a force release of its handle may
+/// still free (see `Stale::Wait`).
+const DOOMED_RECHECK: Duration = Duration::from_secs(1);
 
 /// How often a waiter calls the store again without a wake-up: its heartbeat.
 fn heartbeat(shared: &LockShared) -> Duration {

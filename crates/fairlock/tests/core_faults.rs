@@ -1010,8 +1010,8 @@ async fn a_handed_out_owner_shares_its_hold() {
 
 /// A handle whose force release of a stale hold failed remembers the hold as one to free. If
 /// its owner is then handed out and a `fair_lock_as` handle re-enters that hold, its level
-/// there is live: once the failed force release can no longer reach the store (the resend
-/// horizon), the first handle's next grant of the hold must be used, not freed (found by
+/// there is live: the first handle must never free the hold again, and once the failed force
+/// release can no longer reach the store (the resend horizon) it re-enters it (found by
 /// review: it freed the hold under the other handle's guard, and another owner took the lock).
 #[tokio::test(start_paused = true)]
 async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
@@ -1038,8 +1038,24 @@ async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
         .unwrap();
     let held = second.lock().await.unwrap();
     assert_eq!(held.fencing_token(), stale_token);
+    // Within the horizon the failed force release might still land: the first handle waits,
+    // neither using the hold nor freeing it again.
+    let tried = first.try_lock().await;
+    assert!(
+        matches!(tried, Err(Error::WouldBlock { .. })),
+        "try_lock within the horizon: {tried:?}"
+    );
+    let waited = tokio::time::timeout(Duration::from_secs(30), first.lock()).await;
+    assert!(
+        waited.is_err(),
+        "lock() returned within the horizon (the hold used, or freed again)"
+    );
+    assert!(
+        held.is_held().await.unwrap(),
+        "the shared hold was freed under the other handle's guard within the horizon"
+    );
     // The watchdog keeps the shared hold meanwhile.
-    tokio::time::sleep(RESEND_HORIZON + Duration::from_secs(1)).await;
+    tokio::time::sleep(RESEND_HORIZON).await;
     let nested = first.lock().await.unwrap();
     assert!(
         held.is_held().await.unwrap(),
