@@ -22,12 +22,13 @@
 //! shared that way. Such a handle's grants of a hold it set out to free are used too (another
 //! handle may have re-entered that hold, which a failed force release left in place), but
 //! never freed again (that would take the other handle's level), and used only once none of
-//! its force releases can still reach the store: while one is under way, and for
-//! [`RESEND_HORIZON`] after one ended without an answer (it failed, timed out or was dropped,
-//! and the client may send it again), such a grant is neither used nor freed, and the call
-//! asks again a second later (within its deadline; `try_lock` reports `WouldBlock`). A
-//! handle sharing the owner through `fair_lock_as` has no such record: a late force release
-//! of this handle can still free a hold it re-entered.
+//! its force releases can still reach the store, as far as the contract's horizon goes: while
+//! one is under way, and for [`RESEND_HORIZON`] after one ended without an answer (it failed,
+//! timed out or was dropped, and the client may send it again), such a grant is neither used
+//! nor freed; the call gives its level up and asks again after a pause of about a second
+//! (within its deadline; `try_lock` asks twice without the pause, then reports
+//! `WouldBlock`). A handle sharing the owner through `fair_lock_as` has no such record: a
+//! late force release of this handle can still free a hold it re-entered.
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a
@@ -255,9 +256,10 @@ impl Drop for TicketInner {
 }
 
 /// A force release of this handle on its way to the store, from [`Stale::Free`]: while one
-/// may reach the store, grants of the holds the handle set out to free are freed even if the
-/// owner was handed out. Dropped without [`answered`](Self::answered) (a failure, a time-out,
-/// a dropped call), the force release may still land for [`RESEND_HORIZON`].
+/// may reach the store, a handed-out owner's grants of the holds the handle set out to free
+/// are neither used nor freed ([`Stale::Wait`]). Dropped without [`answered`](Self::answered)
+/// (a failure, a time-out, a dropped call), the force release may still land for
+/// [`RESEND_HORIZON`].
 #[derive(Debug)]
 pub(crate) struct Freeing {
     levels: Arc<OwnLevels>,

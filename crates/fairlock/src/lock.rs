@@ -314,8 +314,9 @@ impl FairLock {
     /// [`LockClient::fair_lock_as`]): from then on the handle re-enters a level the store
     /// kept after a lost release instead of freeing it (see [`FairLock`]), as handles that
     /// share an owner do; a hold it set out to free before, once none of its force releases
-    /// can still reach the store (a minute after one ended without an answer; until then its
-    /// calls wait). The same holds for the guard's and the lease's `owner()`.
+    /// can still reach the store within the resend horizon (a minute after one ended without
+    /// an answer; until then its calls wait). The same holds for the guard's and the lease's
+    /// `owner()`.
     pub fn owner(&self) -> &Owner {
         // It may now be shared through `fair_lock_as`: stop checking grants (see `levels.rs`).
         self.shared.levels.shared_out();

@@ -164,7 +164,8 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
                     let until = proven + shared.options.effective_lease();
                     return Ok(attempt.hold(grant, until, false));
                 }
-                // Freed. A waiting caller queues now, behind those the hold went to.
+                // Freed (or not to be used yet). A waiting caller queues now, behind those the
+                // hold went to.
                 stale_tries += 1;
                 if !waits && stale_tries == 1 {
                     continue;
@@ -243,7 +244,8 @@ async fn acquire_inner(attempt: &mut Attempt, waits: bool) -> Result<LockGuard> 
                     let grant = match unusable(attempt, grant, waits).await {
                         None => return attempt.timed_out().await,
                         Some(Ok(Some(grant))) => grant,
-                        // Freed: queue anew, behind those the freed hold went to.
+                        // Freed (or not to be used yet): ask anew, behind those a freed hold
+                        // went to.
                         Some(Ok(None)) => continue,
                         Some(Err(err)) => return Err(err),
                     };
@@ -355,7 +357,9 @@ const RECOUNTS: usize = 3;
 /// Then, if the attempt is the handle's only call, frees that hold (it goes to the owner
 /// waiting first) and renews the attempt, and the caller queues anew. A grant with a stale
 /// level found while other calls of the handle are under way is used (freeing it would take
-/// their levels too).
+/// their levels too). A handed-out owner's grant of a hold this handle set out to free is
+/// neither used nor freed while a force release of it may still land: the attempt is renewed
+/// and, after a pause, the caller asks anew (`Stale::Wait`).
 /// Waiting callers ride out a failing store within the outage budget, others do not; no
 /// caller waits past the attempt's deadline (`None` when it is reached: the caller times
 /// out). Boxed: it runs once per grant (see "Memory" in the module docs).
