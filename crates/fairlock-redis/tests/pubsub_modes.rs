@@ -248,27 +248,46 @@ async fn a_classic_watch_is_subscribed_when_it_returns() {
     }
 }
 
+/// A backend made with `from_clients` (a pool of one and a subscriber, each command timing
+/// out after `command_timeout`) on a server stopped before the backend starts detecting its
+/// pub/sub mode; resume it with `server.0.resume_process()`.
+async fn detecting_on_a_stopped_server(
+    command_timeout: Duration,
+    prefix: &str,
+) -> (
+    Server,
+    fairlock_redis::fred::clients::Pool,
+    fairlock_redis::fred::clients::SubscriberClient,
+    RedisBackend,
+) {
+    use fairlock_redis::fred::interfaces::ClientLike;
+    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
+    use fairlock_redis::fred::types::Builder;
+
+    let server = Server::start();
+    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
+    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
+    builder.with_performance_config(|config| config.default_command_timeout = command_timeout);
+    let pool = builder.build_pool(1).unwrap();
+    let subscriber = builder.build_subscriber_client().unwrap();
+    pool.init().await.unwrap();
+    subscriber.init().await.unwrap();
+    server.0.pause_process().unwrap();
+    let backend = RedisBackend::from_clients(pool.clone(), subscriber.clone(), prefix).unwrap();
+    (server, pool, subscriber, backend)
+}
+
 /// Callers queued behind a detection that fails share its failure: none asks the server
 /// again in turn, which made the k-th wait k command timeouts while the server was away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_queued_behind_a_failing_detection_share_its_failure() {
     use fairlock_redis::fred::interfaces::ClientLike;
-    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
-    use fairlock_redis::fred::types::Builder;
 
     const COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
     const CALLERS: u32 = 5;
-    let server = Server::start();
-    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
-    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
-    builder.with_performance_config(|config| config.default_command_timeout = COMMAND_TIMEOUT);
-    let pool = builder.build_pool(1).unwrap();
-    let subscriber = builder.build_subscriber_client().unwrap();
-    pool.init().await.unwrap();
-    subscriber.init().await.unwrap();
     // Stopped before the backend starts detecting: every detection hangs to its timeout.
-    server.0.pause_process().unwrap();
-    let backend = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "queued:").unwrap();
+    let (server, pool, subscriber, backend) =
+        detecting_on_a_stopped_server(COMMAND_TIMEOUT, "queued:").await;
     let started = Instant::now();
     let callers: Vec<_> = (0..CALLERS)
         .map(|_| {
@@ -380,21 +399,10 @@ async fn waiter_outlives_its_subscriptions_node(shut_down: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_mode_detection_leaves_the_next_one_free() {
     use fairlock_redis::fred::interfaces::ClientLike;
-    use fairlock_redis::fred::types::config::{Config, ReconnectPolicy};
-    use fairlock_redis::fred::types::Builder;
 
-    let server = Server::start();
-    let mut builder = Builder::from_config(Config::from_url(&server.url()).unwrap());
-    builder.set_policy(ReconnectPolicy::new_constant(0, 100));
-    builder
-        .with_performance_config(|config| config.default_command_timeout = Duration::from_secs(30));
-    let pool = builder.build_pool(1).unwrap();
-    let subscriber = builder.build_subscriber_client().unwrap();
-    pool.init().await.unwrap();
-    subscriber.init().await.unwrap();
     // Stopped before the backend starts detecting: the detection waits for the server.
-    server.0.pause_process().unwrap();
-    let backend = RedisBackend::from_clients(pool.clone(), subscriber.clone(), "dropped:").unwrap();
+    let (server, pool, subscriber, backend) =
+        detecting_on_a_stopped_server(Duration::from_secs(30), "dropped:").await;
     let dropped = tokio::time::timeout(Duration::from_millis(200), backend.pubsub_mode()).await;
     assert!(
         dropped.is_err(),

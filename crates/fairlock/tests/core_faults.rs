@@ -1008,6 +1008,17 @@ async fn a_handed_out_owner_shares_its_hold() {
     held.unlock().await.unwrap();
 }
 
+/// A `fair_lock` handle of `name` whose owner's hold has a level nobody holds (a release the
+/// store lost), and that hold's token.
+async fn with_stale_hold(client: &LockClient, backend: &Faulty, name: &str) -> (FairLock, u64) {
+    let lock = client.fair_lock(name).unwrap();
+    let guard = lock.lock().await.unwrap();
+    let stale_token = guard.fencing_token();
+    backend.lose_next_release.store(true, SeqCst);
+    guard.unlock().await.unwrap();
+    (lock, stale_token)
+}
+
 /// A handle whose force release of a stale hold failed remembers the hold as one to free. If
 /// its owner is then handed out and a `fair_lock_as` handle re-enters that hold, its level
 /// there is live: the first handle must never free the hold again, and once the failed force
@@ -1017,12 +1028,8 @@ async fn a_handed_out_owner_shares_its_hold() {
 async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
-    let first = client.fair_lock("left-to-free").unwrap();
+    let (first, stale_token) = with_stale_hold(&client, &backend, "left-to-free").await;
     let other = client.fair_lock("left-to-free").unwrap();
-    let guard = first.lock().await.unwrap();
-    let stale_token = guard.fencing_token();
-    backend.lose_next_release.store(true, SeqCst);
-    guard.unlock().await.unwrap();
     backend.force_releases_down.store(true, SeqCst);
     let error = first.try_lock().await.unwrap_err();
     assert!(matches!(error, Error::Unavailable { .. }), "{error}");
@@ -1071,18 +1078,14 @@ async fn a_hold_left_to_free_is_not_freed_once_the_owner_is_handed_out() {
 }
 
 /// A force release that failed may still reach the store (the client sends it again after a
-/// reconnect). Until the resend horizon has passed, the handle's grants of that hold are
-/// freed, not used, even once its owner is handed out: the late force release would free the
-/// hold under the guard (found by review of the fix above, which used them at once).
+/// reconnect). Until the resend horizon has passed, the handle's grants of that hold are not
+/// used, even once its owner is handed out: the late force release would free the hold under
+/// the guard (found by review of the fix above, which used them at once).
 #[tokio::test(start_paused = true)]
 async fn a_hold_a_late_force_release_may_free_is_not_used_once_the_owner_is_handed_out() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
-    let lock = client.fair_lock("lands-late").unwrap();
-    let guard = lock.lock().await.unwrap();
-    let stale_token = guard.fencing_token();
-    backend.lose_next_release.store(true, SeqCst);
-    guard.unlock().await.unwrap();
+    let (lock, stale_token) = with_stale_hold(&client, &backend, "lands-late").await;
     *backend.force_releases_land_late.lock().unwrap() = Some(Duration::from_secs(5));
     let error = lock.try_lock().await.unwrap_err();
     assert!(matches!(error, Error::Unavailable { .. }), "{error}");
@@ -1106,17 +1109,14 @@ async fn a_hold_a_late_force_release_may_free_is_not_used_once_the_owner_is_hand
 }
 
 /// While a handle's force release of a stale hold is on its way, a grant of that hold to
-/// another call of the handle is freed, not used, even if the owner was handed out meanwhile:
-/// the force release in flight would free it under that call's guard.
+/// another call of the handle is not used, even if the owner was handed out meanwhile: the
+/// force release in flight would free it under that call's guard.
 #[tokio::test(start_paused = true)]
 async fn a_hold_being_freed_is_not_used_once_the_owner_is_handed_out() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
-    let lock = Arc::new(client.fair_lock("being-freed").unwrap());
-    let guard = lock.lock().await.unwrap();
-    let stale_token = guard.fencing_token();
-    backend.lose_next_release.store(true, SeqCst);
-    guard.unlock().await.unwrap();
+    let (lock, stale_token) = with_stale_hold(&client, &backend, "being-freed").await;
+    let lock = Arc::new(lock);
     *backend.force_release_delay.lock().unwrap() = Duration::from_millis(100);
     let first = {
         let lock = lock.clone();
@@ -1152,12 +1152,9 @@ async fn a_hold_being_freed_is_not_used_once_the_owner_is_handed_out() {
 async fn a_stale_level_found_while_another_call_holds_is_kept() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
-    let shared = Arc::new(client.fair_lock("kept-stale").unwrap());
+    let (shared, stale_token) = with_stale_hold(&client, &backend, "kept-stale").await;
+    let shared = Arc::new(shared);
     let other = client.fair_lock("kept-stale").unwrap();
-    let guard = shared.lock().await.unwrap();
-    let stale_token = guard.fencing_token();
-    backend.lose_next_release.store(true, SeqCst);
-    guard.unlock().await.unwrap();
     let waiter = tokio::spawn(hold_briefly(other));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(shared.state().await.unwrap().waiters.len(), 1);
