@@ -28,7 +28,9 @@
 //! nor freed; the call gives its level up and asks again after a pause of about a second
 //! (within its deadline; `try_lock` asks twice without the pause, then reports
 //! `WouldBlock`). A handle sharing the owner through `fair_lock_as` has no such record: a
-//! late force release of this handle can still free a hold it re-entered.
+//! force release of this handle can free a hold it re-entered meanwhile. Its guards of that
+//! hold learn it at once when the force release answers (as after `force_unlock` through the
+//! same client), else at their next renewal.
 //!
 //! A release or abandon still on its way holds its ticket, and its level may still be in the
 //! hold: a grant that finds one waits (briefly) for them to finish before freeing, so that a

@@ -475,8 +475,15 @@ fn unusable(
                 };
                 // Answered, the hold is gone; otherwise the force release may still land
                 // (see `levels.rs`).
-                if freed.is_ok() {
+                if let Ok(was_freed) = freed {
                     freeing.answered();
+                    if was_freed {
+                        // Guards of this client that re-entered the hold meanwhile (handles
+                        // sharing the owner) learn it now, as after `force_unlock`.
+                        shared
+                            .holds
+                            .revoke(&shared.name, shared.owner.as_str(), grant.token);
+                    }
                 }
                 // A failure is returned as it is: the token stays doomed (with the owner handed
                 // out, unused for the resend horizon), so retrying would only find the same

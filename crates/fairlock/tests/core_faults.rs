@@ -1143,6 +1143,38 @@ async fn a_hold_being_freed_is_not_used_once_the_owner_is_handed_out() {
     assert!(lock.state().await.unwrap().holder.is_none());
 }
 
+/// A handle's force release of a stale hold that lands after a `fair_lock_as` handle of the
+/// same client re-entered that hold frees it under that handle's guard: the guard learns it
+/// when the force release answers, as after `force_unlock`, not at its next renewal.
+#[tokio::test(start_paused = true)]
+async fn a_guard_sharing_a_hold_this_client_freed_learns_it_at_once() {
+    let backend = Faulty::default();
+    let client = LockClient::new(backend.clone());
+    let (lock, stale_token) = with_stale_hold(&client, &backend, "freed-under").await;
+    let lock = Arc::new(lock);
+    *backend.force_release_delay.lock().unwrap() = Duration::from_millis(100);
+    let freeing = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(backend.force_releases.load(SeqCst), 1);
+    let sharing = client
+        .fair_lock_as("freed-under", lock.owner().clone())
+        .unwrap();
+    let guard = sharing.lock().await.unwrap();
+    assert_eq!(guard.fencing_token(), stale_token);
+    assert!(!guard.is_lease_lost());
+    let after = freeing.await.unwrap();
+    assert!(after.fencing_token() > stale_token);
+    assert!(
+        guard.is_lease_lost(),
+        "the guard of the freed hold was not told when the force release answered"
+    );
+    assert!(matches!(guard.unlock().await, Err(Error::LeaseLost { .. })));
+    after.unlock().await.unwrap();
+}
+
 /// A stale level (a release the store lost) found while another call of the same handle is
 /// under way is kept, not freed: that call may hold a level of the same hold, and freeing the
 /// hold would take it from under its guard while another owner takes the lock. Two tasks share
