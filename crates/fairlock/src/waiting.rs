@@ -420,9 +420,7 @@ fn unusable(
                 );
                 // The fresh attempt's first count must not find this one's level, or its
                 // abandon on the way (a ticket still counted): wait for it, within the wait.
-                if let Some(cleanup) = attempt.renew_after_cleanup() {
-                    let _ = tokio::time::timeout(attempt.finishing_patience(), cleanup).await;
-                }
+                attempt.renew_awaiting_cleanup().await;
                 Some(Ok(None))
             }
             Stale::Wait => {
@@ -430,15 +428,9 @@ fn unusable(
                     token = grant.token,
                     "a force release of this handle may still free this hold; asking again later"
                 );
-                if let Some(cleanup) = attempt.renew_after_cleanup() {
-                    let _ = tokio::time::timeout(attempt.finishing_patience(), cleanup).await;
-                }
+                attempt.renew_awaiting_cleanup().await;
                 if waits {
-                    let pause = tokio::time::sleep(DOOMED_RECHECK);
-                    match deadline {
-                        None => pause.await,
-                        Some(deadline) => timeout_at(deadline, pause).await.ok()?,
-                    }
+                    before(deadline, tokio::time::sleep(DOOMED_RECHECK)).await?;
                 }
                 Some(Ok(None))
             }
@@ -469,10 +461,7 @@ fn unusable(
                 let releasing = retry_within(budget, || {
                     shared.backend.force_release(&shared.name, grant.token)
                 });
-                let freed = match deadline {
-                    None => releasing.await,
-                    Some(deadline) => timeout_at(deadline, releasing).await.ok()?,
-                };
+                let freed = before(deadline, releasing).await?;
                 // Answered, the hold is gone; otherwise the force release may still land
                 // (see `levels.rs`).
                 if let Ok(was_freed) = freed {
@@ -492,6 +481,14 @@ fn unusable(
             }
         }
     })
+}
+
+/// `step`'s output, or `None` if `deadline` passes first.
+async fn before<F: Future>(deadline: Option<Instant>, step: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(step.await),
+        Some(deadline) => timeout_at(deadline, step).await.ok(),
+    }
 }
 
 /// How long a call waits before asking again for a hold a force release of its handle may
@@ -713,6 +710,16 @@ impl Attempt {
         self.deadline.map_or(FINISHING_PATIENCE, |deadline| {
             FINISHING_PATIENCE.min(deadline.saturating_duration_since(Instant::now()))
         })
+    }
+
+    /// [`renew`](Self::renew), then waits for the old attempt's clean-up (its abandon, which
+    /// keeps its ticket counted until done) as long as [`finishing_patience`] allows.
+    ///
+    /// [`finishing_patience`]: Self::finishing_patience
+    async fn renew_awaiting_cleanup(&mut self) {
+        if let Some(cleanup) = self.renew_after_cleanup() {
+            let _ = tokio::time::timeout(self.finishing_patience(), cleanup).await;
+        }
     }
 
     /// [`renew`](Self::renew), returning the old attempt's clean-up, to wait for.

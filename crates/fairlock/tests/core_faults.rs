@@ -1019,6 +1019,28 @@ async fn with_stale_hold(client: &LockClient, backend: &Faulty, name: &str) -> (
     (lock, stale_token)
 }
 
+/// Starts a `lock()` of `lock` (from [`with_stale_hold`]) that frees its stale hold with a
+/// force release taking 100 ms, and returns once that force release is on its way: the
+/// handle, shared, and the call, which then queues anew.
+async fn freeing_the_stale_hold(
+    backend: &Faulty,
+    lock: FairLock,
+) -> (Arc<FairLock>, tokio::task::JoinHandle<LockGuard>) {
+    let lock = Arc::new(lock);
+    *backend.force_release_delay.lock().unwrap() = Duration::from_millis(100);
+    let freeing = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        backend.force_releases.load(SeqCst),
+        1,
+        "the first call's force release is on its way"
+    );
+    (lock, freeing)
+}
+
 /// A handle whose force release of a stale hold failed remembers the hold as one to free. If
 /// its owner is then handed out and a `fair_lock_as` handle re-enters that hold, its level
 /// there is live: the first handle must never free the hold again, and once the failed force
@@ -1116,18 +1138,7 @@ async fn a_hold_being_freed_is_not_used_once_the_owner_is_handed_out() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
     let (lock, stale_token) = with_stale_hold(&client, &backend, "being-freed").await;
-    let lock = Arc::new(lock);
-    *backend.force_release_delay.lock().unwrap() = Duration::from_millis(100);
-    let first = {
-        let lock = lock.clone();
-        tokio::spawn(async move { lock.lock().await.unwrap() })
-    };
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(
-        backend.force_releases.load(SeqCst),
-        1,
-        "the first call's force release is on its way"
-    );
+    let (lock, first) = freeing_the_stale_hold(&backend, lock).await;
     let _ = lock.owner();
     let second = lock.lock().await.unwrap();
     let first = first.await.unwrap();
@@ -1151,14 +1162,7 @@ async fn a_guard_sharing_a_hold_this_client_freed_learns_it_at_once() {
     let backend = Faulty::default();
     let client = LockClient::new(backend.clone());
     let (lock, stale_token) = with_stale_hold(&client, &backend, "freed-under").await;
-    let lock = Arc::new(lock);
-    *backend.force_release_delay.lock().unwrap() = Duration::from_millis(100);
-    let freeing = {
-        let lock = lock.clone();
-        tokio::spawn(async move { lock.lock().await.unwrap() })
-    };
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(backend.force_releases.load(SeqCst), 1);
+    let (lock, freeing) = freeing_the_stale_hold(&backend, lock).await;
     let sharing = client
         .fair_lock_as("freed-under", lock.owner().clone())
         .unwrap();
@@ -1246,28 +1250,7 @@ async fn a_stale_level_found_while_another_call_holds_is_kept() {
 /// model check and the `ForgetsSpent` mutant).
 #[tokio::test(start_paused = true)]
 async fn shared_handles_keep_exclusion_through_store_faults() {
-    // A value that is not a number, or no schedules at all, must not pass as a check.
-    let number = |variable: &str| {
-        std::env::var(variable).ok().map(|value| {
-            value
-                .trim()
-                .parse::<u64>()
-                .unwrap_or_else(|_| panic!("{variable}={value:?} is not a number"))
-        })
-    };
-    let seeds = number("FAIRLOCK_CHAOS_SEEDS").unwrap_or(64);
-    assert!(seeds > 0, "FAIRLOCK_CHAOS_SEEDS=0 runs no schedule");
-    if let Some(seed) = number("FAIRLOCK_CHAOS_SEED") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("fairlock=debug")
-            .with_test_writer()
-            .try_init();
-        chaos_schedule(seed, false).await;
-        return;
-    }
-    for seed in 0..seeds {
-        chaos_schedule(seed, false).await;
-    }
+    chaos_schedules("FAIRLOCK_CHAOS_SEED", false).await;
 }
 
 /// The same schedules, with owner 0's handle handed out (`owner()` read by one of its tasks
@@ -1282,6 +1265,13 @@ async fn shared_handles_keep_exclusion_through_store_faults() {
 /// `..._once_the_owner_is_handed_out` tests above catch it.
 #[tokio::test(start_paused = true)]
 async fn a_handed_out_handle_keeps_exclusion_through_store_faults() {
+    chaos_schedules("FAIRLOCK_CHAOS_SHARED_SEED", true).await;
+}
+
+/// Runs the schedules `FAIRLOCK_CHAOS_SEEDS` asks for (64 by default), or the one seed
+/// `one_seed` (a variable's name) names, alone with the core's debug events printed.
+async fn chaos_schedules(one_seed: &str, hand_out: bool) {
+    // A value that is not a number, or no schedules at all, must not pass as a check.
     let number = |variable: &str| {
         std::env::var(variable).ok().map(|value| {
             value
@@ -1292,16 +1282,16 @@ async fn a_handed_out_handle_keeps_exclusion_through_store_faults() {
     };
     let seeds = number("FAIRLOCK_CHAOS_SEEDS").unwrap_or(64);
     assert!(seeds > 0, "FAIRLOCK_CHAOS_SEEDS=0 runs no schedule");
-    if let Some(seed) = number("FAIRLOCK_CHAOS_SHARED_SEED") {
+    if let Some(seed) = number(one_seed) {
         let _ = tracing_subscriber::fmt()
             .with_env_filter("fairlock=debug")
             .with_test_writer()
             .try_init();
-        chaos_schedule(seed, true).await;
+        chaos_schedule(seed, hand_out).await;
         return;
     }
     for seed in 0..seeds {
-        chaos_schedule(seed, true).await;
+        chaos_schedule(seed, hand_out).await;
     }
 }
 
