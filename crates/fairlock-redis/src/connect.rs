@@ -193,6 +193,26 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Refuses the durations no store arithmetic should meet (the fence margin is added to
+    /// the server's clock in milliseconds inside the scripts, where a huge one would wrap).
+    fn check_durations(&self) -> Result<()> {
+        let acks = self.replica_acks.as_ref().map(|acks| acks.timeout);
+        for (what, value) in [
+            ("connect_timeout", Some(self.connect_timeout)),
+            ("command_timeout", Some(self.command_timeout)),
+            ("fence_margin", Some(self.fence_margin)),
+            ("replicas_acked timeout", acks),
+        ] {
+            if let Some(value) = value.filter(|value| *value > fairlock::MAX_DURATION) {
+                return Err(Error::InvalidArgument {
+                    what,
+                    reason: format!("{value:?} is longer than {:?}", fairlock::MAX_DURATION),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Connects the pool and the subscriber connection.
     ///
     /// # Cancel safety
@@ -200,11 +220,14 @@ impl RedisBackendBuilder {
     /// background), so nothing keeps reconnecting.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a malformed URL or prefix; [`Error::Unavailable`]
+    /// [`Error::InvalidArgument`] for a malformed URL or prefix, or a `connect_timeout`,
+    /// `command_timeout`, `fence_margin` or `replicas_acked` timeout longer than
+    /// [`fairlock::MAX_DURATION`]; [`Error::Unavailable`]
     /// (naming the servers, never the password) if no connection is made within the
     /// connect timeout.
     pub async fn connect(self) -> Result<RedisBackend> {
         check_prefix(&self.prefix)?;
+        self.check_durations()?;
         if !self.url.starts_with("redis") {
             return Err(Error::InvalidArgument {
                 what: "redis url",
@@ -633,6 +656,36 @@ mod tests {
             let err = RedisBackendBuilder::new(url).connect().await.unwrap_err();
             assert!(matches!(err, Error::InvalidArgument { .. }), "{url}: {err}");
             assert!(!err.to_string().contains(":pw@"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn durations_beyond_the_longest_are_invalid_arguments() {
+        let over = fairlock::MAX_DURATION + Duration::from_millis(1);
+        let builders = [
+            (
+                "connect_timeout",
+                RedisBackendBuilder::new("redis://127.0.0.1:1").connect_timeout(Duration::MAX),
+            ),
+            (
+                "command_timeout",
+                RedisBackendBuilder::new("redis://127.0.0.1:1").command_timeout(over),
+            ),
+            (
+                "fence_margin",
+                RedisBackendBuilder::new("redis://127.0.0.1:1").fence_margin(Duration::MAX),
+            ),
+            (
+                "replicas_acked timeout",
+                RedisBackendBuilder::new("redis://127.0.0.1:1").replicas_acked(1, over),
+            ),
+        ];
+        for (what, builder) in builders {
+            let outcome = tokio::time::timeout(Duration::from_secs(1), builder.connect()).await;
+            assert!(
+                matches!(outcome, Ok(Err(Error::InvalidArgument { what: named, .. })) if named == what),
+                "{what}: expected InvalidArgument at once, got {outcome:?}"
+            );
         }
     }
 
