@@ -215,6 +215,16 @@ use crate::wake_queue;
 /// effect must be immediate. Its attempt has not ended: a later `acquire` of it queues it
 /// again, at the tail.
 ///
+/// **A crowd of dead entries.** A backend that bounds each call's work may find more expired
+/// entries in front of the first live one than a call can remove (many waiters that died
+/// together): the head is then not known. Only then, a call that frees the lock MAY leave it
+/// free instead of handing it over, and MUST then send [`Wake::Recheck`] to the watches of
+/// every owner with a live entry; and an `acquire` of a queued attempt MAY answer
+/// [`AcquireOutcome::Queued`] with `retry_after` zero (ask again at once). Each such call MUST
+/// remove a share of the expired entries in front, so that the first live entry is granted
+/// within a bounded number of calls, and FIFO holds throughout: no attempt is granted while a
+/// live entry stands ahead of it.
+///
 /// **Hand-over.** When the lock becomes free by `release`, `abandon` or `force_release`, the
 /// backend MUST hand it to the head live queue entry as a *pending grant* (a new hold with
 /// that attempt as its pending level, a fresh token, lease = the entry's `waiter_ttl`),

@@ -95,6 +95,10 @@ enum Kind {
     /// A release with two or more waiters hands over to the second: the head is sent to the
     /// tail first (as a new entry the waiter's next heartbeat finds).
     SkipsHead,
+    /// With 100 or more dead queue entries of a lock, a release hands over to the second live
+    /// waiter, as `SkipsHead` always does: a head search that bounds its work and, giving up
+    /// in a crowd of dead entries, takes the wrong live one.
+    CrowdSkipsHead,
     /// `abandon` removes a queue entry but keeps a pending grant (made to the attempt by a
     /// hand-over its caller never saw): the lock stays held until that grant lapses.
     AbandonKeepsGrant,
@@ -189,6 +193,7 @@ fn expected(kind: Kind) -> &'static [&'static str] {
         Kind::InspectEmpty => &["state_matches_reality"],
         Kind::ListEmpty => &["list_shows_held_and_waited"],
         Kind::SkipsHead => &["fifo_order"],
+        Kind::CrowdSkipsHead => &["mass_death_blocks_nobody"],
         // `hand_over` catches it every time (its grantee leaves before confirming);
         // `cancel_at_grant_time_leaves_nothing` when one of its races lands after the grant.
         Kind::AbandonKeepsGrant => &["hand_over", "cancel_at_grant_time_leaves_nothing"],
@@ -259,6 +264,9 @@ struct Sent {
     last_token: Mutex<HashMap<LockName, u64>>,
     /// When each attempt was last answered `Queued`.
     last_queued: Mutex<HashMap<AttemptId, tokio::time::Instant>>,
+    /// Each lock's queued attempts and when their entries die (for the mutant that goes wrong
+    /// in a crowd of dead entries).
+    deadlines: Mutex<HashMap<LockName, HashMap<AttemptId, tokio::time::Instant>>>,
     /// Each owner's last hold per lock.
     holds: Mutex<HashMap<(LockName, String), SeenHold>>,
     /// When the last `extend` of each hold (by token) set it to end.
@@ -302,7 +310,7 @@ impl Mutant {
                 .unwrap()
                 .entry(attempt)
                 .or_insert_with(AttemptId::random),
-            Kind::SkipsHead => {
+            Kind::SkipsHead | Kind::CrowdSkipsHead => {
                 let moved = self.sent.moved.lock().unwrap();
                 let mut current = attempt;
                 while let Some(next) = moved.get(&current) {
@@ -362,6 +370,16 @@ impl Mutant {
             .unwrap()
             .insert(request.attempt, inner.attempt);
         Ok(())
+    }
+
+    /// Whether 100 or more queue entries of `name` died without calling again (for the mutant
+    /// that goes wrong in a crowd of dead entries).
+    fn crowd_of_dead(&self, name: &LockName) -> bool {
+        let now = tokio::time::Instant::now();
+        let deadlines = self.sent.deadlines.lock().unwrap();
+        deadlines
+            .get(name)
+            .is_some_and(|lock| lock.values().filter(|dies| **dies <= now).count() >= 100)
     }
 
     /// `attempt` ended: it no longer stands first (for the mutant whose first waiter blocks).
@@ -555,7 +573,7 @@ impl LockBackend for Mutant {
                 inner.waiter_ttl = left;
             }
         }
-        if self.kind == Kind::SkipsHead {
+        if matches!(self.kind, Kind::SkipsHead | Kind::CrowdSkipsHead) {
             self.sent
                 .asked
                 .lock()
@@ -660,6 +678,16 @@ impl LockBackend for Mutant {
                         holds.insert(key, (grant.token, grant.hold_count, end));
                     }
                 }
+            }
+        }
+        if self.kind == Kind::CrowdSkipsHead {
+            let mut deadlines = self.sent.deadlines.lock().unwrap();
+            let lock = deadlines.entry(request.name.clone()).or_default();
+            if let AcquireOutcome::Queued { .. } = outcome {
+                let dies = tokio::time::Instant::now() + request.waiter_ttl;
+                lock.insert(request.attempt, dies);
+            } else {
+                lock.remove(&request.attempt);
             }
         }
         if self.kind == Kind::ForgetsLapsedHandOvers {
@@ -790,7 +818,9 @@ impl LockBackend for Mutant {
     ) -> Result<ReleaseOutcome> {
         let inner = self.inner_attempt(owner, attempt);
         self.forget_first(name, attempt);
-        if self.kind == Kind::SkipsHead {
+        if self.kind == Kind::SkipsHead
+            || (self.kind == Kind::CrowdSkipsHead && self.crowd_of_dead(name))
+        {
             self.skip_head(name).await?;
         }
         let outcome = self
@@ -853,6 +883,9 @@ impl LockBackend for Mutant {
     }
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
+        if let Some(lock) = self.sent.deadlines.lock().unwrap().get_mut(name) {
+            lock.remove(&attempt);
+        }
         if self.kind == Kind::AbandonIgnored {
             return Ok(());
         }
@@ -1028,6 +1061,7 @@ async fn every_mutant_is_caught_by_the_check_for_its_clause() {
         Kind::InspectEmpty,
         Kind::ListEmpty,
         Kind::SkipsHead,
+        Kind::CrowdSkipsHead,
         Kind::AbandonKeepsGrant,
         Kind::HolderNone,
         Kind::QueueBarging,

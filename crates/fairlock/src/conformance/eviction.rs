@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::support::{self, raw_acquire, OrFail, Waiter};
 use crate::backend::{AcquireOutcome, LockBackend};
+use crate::error::Error;
 use crate::name::Owner;
 
 /// The liveness TTL of the dead waiters in this check.
@@ -148,4 +149,79 @@ async fn queue_dead(backend: &Arc<dyn LockBackend>, name: &str, dead: &Owner, ch
         matches!(outcome, AcquireOutcome::Queued { .. }),
         "{check}: a raw waiter on a held lock: expected Queued, got {outcome:?}"
     );
+}
+
+/// How many waiters die together in [`mass_death_blocks_nobody`]: more than a backend that
+/// bounds each call's work removes in one call (the shipped ones remove 64 or 72).
+const CROWD: usize = 150;
+
+/// The crowd's liveness TTL: they must all be queued, and the live waiters behind them, before
+/// the first of them dies, so that the whole crowd stands in front when the lock is released.
+const CROWD_TTL: Duration = Duration::from_secs(1);
+
+/// [`CROWD`] waiters queue once and die together (raw `acquire`s, like processes that crashed
+/// at once), in front of two live waiters; then the holder releases. The first live waiter
+/// gets the lock, at once or after the waiters' calls of a backend that bounds each call's
+/// work have removed the dead (the contract's *crowd of dead entries*); the second, and a
+/// newcomer's `try_lock`, never before it; and none of the dead is listed.
+pub async fn mass_death_blocks_nobody(backend: Arc<dyn LockBackend>) {
+    const CHECK: &str = "mass_death_blocks_nobody";
+    let client = support::client(&backend);
+    let name = support::lock_name(CHECK);
+    let held = client
+        .fair_lock(&name)
+        .or_fail(CHECK)
+        .lock()
+        .await
+        .or_fail(CHECK);
+    let started = Instant::now();
+    for _ in 0..CROWD {
+        let outcome = raw_acquire(
+            &backend,
+            &name,
+            &Owner::unique(),
+            CROWD_TTL,
+            CROWD_TTL,
+            true,
+        )
+        .await;
+        assert!(
+            matches!(outcome, AcquireOutcome::Queued { .. }),
+            "{CHECK}: a raw waiter on a held lock: expected Queued, got {outcome:?}"
+        );
+    }
+    let all_dead = Instant::now() + CROWD_TTL + support::clock_slack(&backend);
+    let mut first = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
+    let mut second = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
+    let queued = started.elapsed();
+    assert!(
+        queued < CROWD_TTL,
+        "{CHECK}: queuing {CROWD} waiters and two behind them took {queued:?}, longer than the crowd's {CROWD_TTL:?} liveness: the store is too slow for this check"
+    );
+    tokio::time::sleep_until(all_dead).await;
+
+    held.unlock().await.or_fail(CHECK);
+    let newcomer = client.fair_lock(&name).or_fail(CHECK).try_lock().await;
+    assert!(
+        matches!(newcomer, Err(Error::WouldBlock { .. })),
+        "{CHECK}: a newcomer's try_lock with two live waiters behind the dead: expected WouldBlock, got {newcomer:?}"
+    );
+    first.acquired_within(support::EVENTUALLY).await;
+    assert!(
+        !second.has_acquired(),
+        "{CHECK}: the second live waiter got the lock while the first held it"
+    );
+    let state = client.state(&name).await.or_fail(CHECK);
+    assert!(
+        state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.owner == first.owner().as_str())
+            && support::waiter_owners(&state) == vec![second.owner().to_string()],
+        "{CHECK}: the first live waiter holds and only the second is listed, none of the dead: {state:?}"
+    );
+    first.release().await;
+    second.acquired_within(support::EVENTUALLY).await;
+    second.release().await;
+    support::wait_clean(&client, &name, format!("{CHECK}: lock free at the end")).await;
 }
