@@ -104,7 +104,8 @@ impl RedisBackendBuilder {
     }
 
     /// How long to wait for a connection before giving up with
-    /// [`Error::Unavailable`] (default 5 s); also bounds each reconnection attempt.
+    /// [`Error::Unavailable`] (default 5 s); also bounds each reconnection attempt. Above zero
+    /// and at most [`fairlock::MAX_DURATION`], or [`connect`](Self::connect) refuses it.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -114,6 +115,8 @@ impl RedisBackendBuilder {
     /// fails with [`Error::Unavailable`] (default 10 s). An operation usually sends one
     /// command, but may send a few in a row (loading the function library where it is
     /// missing, `WAIT` with [`replicas_acked`](Self::replicas_acked)), each with this bound.
+    /// Above zero (fred would read zero as no bound) and at most [`fairlock::MAX_DURATION`],
+    /// or [`connect`](Self::connect) refuses it.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -126,6 +129,7 @@ impl RedisBackendBuilder {
     /// server's clock in microseconds, unless the server's clock steps back by more than this
     /// margin while the lock is idle: then the next token could be below the last one issued.
     /// A longer margin guards against larger clock steps and keeps a key per idle lock longer.
+    /// At most [`fairlock::MAX_DURATION`], or [`connect`](Self::connect) refuses it.
     pub fn fence_margin(mut self, margin: Duration) -> Self {
         self.fence_margin = margin;
         self
@@ -178,7 +182,8 @@ impl RedisBackendBuilder {
     /// ends when data sent on it stays unacknowledged for `idle` and 90 s (`TCP_USER_TIMEOUT`),
     /// the time keepalive takes to give up with Linux's defaults (the user timeout then stands
     /// for the probe count: a host tuned to fewer probes finds a dead connection at that time
-    /// too).
+    /// too). `idle` is counted in whole seconds, from 1 s to 32,767 s (Linux's bounds), or
+    /// [`connect`](Self::connect) refuses it.
     pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
         self.tcp_keepalive = idle;
         self
@@ -194,19 +199,44 @@ impl RedisBackendBuilder {
     }
 
     /// Refuses the durations no store arithmetic should meet (the fence margin is added to
-    /// the server's clock in milliseconds inside the scripts, where a huge one would wrap).
+    /// the server's clock in milliseconds inside the scripts, where a huge one would wrap), the
+    /// timeouts fred would read as none, and keepalive idle times the system refuses (every
+    /// connection would then fail, reported as the server being unreachable).
     fn check_durations(&self) -> Result<()> {
         let acks = self.replica_acks.as_ref().map(|acks| acks.timeout);
-        for (what, value) in [
-            ("connect_timeout", Some(self.connect_timeout)),
-            ("command_timeout", Some(self.command_timeout)),
-            ("fence_margin", Some(self.fence_margin)),
-            ("replicas_acked timeout", acks),
+        let one_ms = Duration::from_millis(1);
+        let longest = fairlock::MAX_DURATION;
+        for (what, value, least, most) in [
+            (
+                "connect_timeout",
+                Some(self.connect_timeout),
+                one_ms,
+                longest,
+            ),
+            (
+                "command_timeout",
+                Some(self.command_timeout),
+                one_ms,
+                longest,
+            ),
+            (
+                "fence_margin",
+                Some(self.fence_margin),
+                Duration::ZERO,
+                longest,
+            ),
+            ("replicas_acked timeout", acks, Duration::ZERO, longest),
+            (
+                "tcp_keepalive",
+                self.tcp_keepalive,
+                Duration::from_secs(1),
+                MAX_KEEPALIVE_IDLE,
+            ),
         ] {
-            if let Some(value) = value.filter(|value| *value > fairlock::MAX_DURATION) {
+            if let Some(value) = value.filter(|value| *value < least || *value > most) {
                 return Err(Error::InvalidArgument {
                     what,
-                    reason: format!("{value:?} is longer than {:?}", fairlock::MAX_DURATION),
+                    reason: format!("{value:?} is not within {least:?} ..= {most:?}"),
                 });
             }
         }
@@ -220,9 +250,10 @@ impl RedisBackendBuilder {
     /// background), so nothing keeps reconnecting.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a malformed URL or prefix, or a `connect_timeout`,
-    /// `command_timeout`, `fence_margin` or `replicas_acked` timeout longer than
-    /// [`fairlock::MAX_DURATION`]; [`Error::Unavailable`]
+    /// [`Error::InvalidArgument`] for a malformed URL or prefix, or a duration out of its
+    /// setter's range (a `connect_timeout`, `command_timeout`, `fence_margin` or
+    /// `replicas_acked` timeout longer than [`fairlock::MAX_DURATION`], a zero timeout, a
+    /// `tcp_keepalive` outside 1 s ..= 32,767 s); [`Error::Unavailable`]
     /// (naming the servers, never the password) if no connection is made within the
     /// connect timeout.
     pub async fn connect(self) -> Result<RedisBackend> {
@@ -340,6 +371,9 @@ impl RedisBackendBuilder {
 /// The socket options of the builder's connections: keepalive after `idle` (see
 /// [`RedisBackendBuilder::tcp_keepalive`]), and no Nagle delay, since commands share a
 /// connection and a small one must not wait for the reply to the one before.
+/// The longest keepalive idle time Linux accepts (`TCP_KEEPIDLE`, in seconds).
+const MAX_KEEPALIVE_IDLE: Duration = Duration::from_secs(32_767);
+
 fn tcp_config(idle: Option<Duration>) -> TcpConfig {
     use fred::socket2::TcpKeepalive;
     // Sent data unacknowledged for as long as keepalive takes to give up (9 probes 10 s
@@ -660,24 +694,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn durations_beyond_the_longest_are_invalid_arguments() {
+    async fn durations_out_of_range_are_invalid_arguments() {
         let over = fairlock::MAX_DURATION + Duration::from_millis(1);
+        let builder = || RedisBackendBuilder::new("redis://127.0.0.1:1");
         let builders = [
+            ("connect_timeout", builder().connect_timeout(Duration::MAX)),
+            ("connect_timeout", builder().connect_timeout(Duration::ZERO)),
+            ("command_timeout", builder().command_timeout(over)),
+            ("command_timeout", builder().command_timeout(Duration::ZERO)),
+            ("fence_margin", builder().fence_margin(Duration::MAX)),
+            ("replicas_acked timeout", builder().replicas_acked(1, over)),
             (
-                "connect_timeout",
-                RedisBackendBuilder::new("redis://127.0.0.1:1").connect_timeout(Duration::MAX),
+                "tcp_keepalive",
+                builder().tcp_keepalive(Some(Duration::from_millis(500))),
             ),
             (
-                "command_timeout",
-                RedisBackendBuilder::new("redis://127.0.0.1:1").command_timeout(over),
-            ),
-            (
-                "fence_margin",
-                RedisBackendBuilder::new("redis://127.0.0.1:1").fence_margin(Duration::MAX),
-            ),
-            (
-                "replicas_acked timeout",
-                RedisBackendBuilder::new("redis://127.0.0.1:1").replicas_acked(1, over),
+                "tcp_keepalive",
+                builder().tcp_keepalive(Some(MAX_KEEPALIVE_IDLE + Duration::from_secs(1))),
             ),
         ];
         for (what, builder) in builders {
