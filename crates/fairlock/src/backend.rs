@@ -212,21 +212,22 @@ use crate::wake_queue;
 /// now each time its attempt calls `acquire`. An entry whose deadline has passed MUST be
 /// treated as gone wherever it stands: it never blocks the entries behind it, it is not
 /// counted or listed, and it is not granted the lock. Removal may be lazy (amortised) but the
-/// effect must be immediate. Its attempt has not ended: a later `acquire` of it queues it
-/// again, at the tail.
+/// effect must be immediate, except as *A crowd of dead entries* below allows. Its attempt
+/// has not ended: a later `acquire` of it queues it again, at the tail.
 ///
-/// **A crowd of dead entries.** A backend that bounds each call's work may find more expired
-/// entries in front of the first live one than a call can remove (many waiters that died
-/// together): the head is then not known. Only then, a call that frees the lock MAY leave it
-/// free instead of handing it over, and MUST then send [`Wake::Recheck`] to the watches of
-/// every owner with a live entry; and an `acquire` of a queued attempt MAY answer
-/// [`AcquireOutcome::Queued`] with `retry_after` zero (ask again at once). Each such call MUST
-/// remove a share of the expired entries in front, so that the first live entry is granted
-/// within a bounded number of calls, and FIFO holds throughout: no attempt is granted while a
-/// live entry stands ahead of it.
+/// **A crowd of dead entries.** A backend may bound the expired entries a call removes (many
+/// waiters that died together could otherwise cost one call all of them). When a call has
+/// used that budget without reaching a live entry at the front, the head is not known, and
+/// only then: a call that frees the lock MAY leave it free instead of handing it over, and
+/// MUST then send [`Wake::Recheck`] to the watches of every owner with a live entry (best
+/// effort, as every wake-up); and while the lock is free, an `acquire` that queues (or keeps)
+/// its attempt MAY answer [`AcquireOutcome::Queued`] with `retry_after` zero (ask again at
+/// once). Each such call MUST remove at least one of the expired entries in front, so that
+/// the first live entry is granted within a bounded number of calls; and FIFO holds
+/// throughout: no attempt is granted while a live entry stands ahead of it.
 ///
 /// **Hand-over.** When the lock becomes free by `release`, `abandon` or `force_release`, the
-/// backend MUST hand it to the head live queue entry as a *pending grant* (a new hold with
+/// backend MUST (unless *A crowd of dead entries* allows otherwise) hand it to the head live queue entry as a *pending grant* (a new hold with
 /// that attempt as its pending level, a fresh token, lease = the entry's `waiter_ttl`),
 /// remove the entry, and send [`Wake::Granted`] with that attempt to the watches of its owner
 /// (or [`Wake::Recheck`], which costs the grantee one call: a backend that wants the grant

@@ -818,6 +818,10 @@ impl LockBackend for Mutant {
     ) -> Result<ReleaseOutcome> {
         let inner = self.inner_attempt(owner, attempt);
         self.forget_first(name, attempt);
+        if let Some(lock) = self.sent.deadlines.lock().unwrap().get_mut(name) {
+            // Handed the lock by a wake-up and never asked again: not a dead entry.
+            lock.remove(&attempt);
+        }
         if self.kind == Kind::SkipsHead
             || (self.kind == Kind::CrowdSkipsHead && self.crowd_of_dead(name))
         {

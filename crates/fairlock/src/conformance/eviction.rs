@@ -9,6 +9,7 @@ use super::support::{self, raw_acquire, OrFail, Waiter};
 use crate::backend::{AcquireOutcome, LockBackend};
 use crate::error::Error;
 use crate::name::Owner;
+use crate::options::LockOptions;
 
 /// The liveness TTL of the dead waiters in this check.
 const DEAD_TTL: Duration = Duration::from_millis(400);
@@ -151,48 +152,66 @@ async fn queue_dead(backend: &Arc<dyn LockBackend>, name: &str, dead: &Owner, ch
     );
 }
 
-/// How many waiters die together in [`mass_death_blocks_nobody`]: more than a backend that
-/// bounds each call's work removes in one call (the shipped ones remove 64 or 72).
-const CROWD: usize = 150;
+/// How many waiters die together in [`mass_death_blocks_nobody`]: many times what a backend
+/// that bounds each call's work removes in one call (the shipped ones, up to 80), so that
+/// the head stays unknown for several calls after the release, the newcomer's among them.
+const CROWD: usize = 1000;
+
+/// How many of the crowd queue at once: their deaths come close together, as when many
+/// processes crash at once.
+const CROWD_AT_ONCE: usize = 50;
 
 /// The crowd's liveness TTL: they must all be queued, and the live waiters behind them, before
 /// the first of them dies, so that the whole crowd stands in front when the lock is released.
-const CROWD_TTL: Duration = Duration::from_secs(1);
+const CROWD_TTL: Duration = Duration::from_secs(3);
+
+/// The live waiters' liveness TTL, and the holder's fixed lease: long, so that no heartbeat
+/// or renewal (either may remove dead entries) falls between the crowd's deaths and the
+/// release, and the whole crowd stands in front then, however long it took to queue.
+const LIVE_TTL: Duration = Duration::from_secs(30);
 
 /// [`CROWD`] waiters queue once and die together (raw `acquire`s, like processes that crashed
 /// at once), in front of two live waiters; then the holder releases. The first live waiter
 /// gets the lock, at once or after the waiters' calls of a backend that bounds each call's
 /// work have removed the dead (the contract's *crowd of dead entries*); the second, and a
-/// newcomer's `try_lock`, never before it; and none of the dead is listed.
+/// newcomer's `try_lock` made just after the release, never before it; and none of the dead
+/// is listed.
 pub async fn mass_death_blocks_nobody(backend: Arc<dyn LockBackend>) {
     const CHECK: &str = "mass_death_blocks_nobody";
     let client = support::client(&backend);
+    let live = support::client_with(
+        &backend,
+        LockOptions {
+            waiter_ttl: LIVE_TTL,
+            ..support::options()
+        },
+    );
     let name = support::lock_name(CHECK);
-    let held = client
+    let held = support::fixed_lease_client(&backend, LIVE_TTL)
         .fair_lock(&name)
         .or_fail(CHECK)
         .lock()
         .await
         .or_fail(CHECK);
     let started = Instant::now();
-    for _ in 0..CROWD {
-        let outcome = raw_acquire(
-            &backend,
-            &name,
-            &Owner::unique(),
-            CROWD_TTL,
-            CROWD_TTL,
-            true,
-        )
-        .await;
-        assert!(
-            matches!(outcome, AcquireOutcome::Queued { .. }),
-            "{CHECK}: a raw waiter on a held lock: expected Queued, got {outcome:?}"
-        );
+    for _ in 0..CROWD / CROWD_AT_ONCE {
+        let calls = (0..CROWD_AT_ONCE).map(|_| {
+            let (backend, name) = (backend.clone(), name.clone());
+            tokio::spawn(async move {
+                let dead = Owner::unique();
+                raw_acquire(&backend, &name, &dead, CROWD_TTL, CROWD_TTL, true).await
+            })
+        });
+        for outcome in support::join_all(calls).await {
+            assert!(
+                matches!(outcome, AcquireOutcome::Queued { .. }),
+                "{CHECK}: a raw waiter on a held lock: expected Queued, got {outcome:?}"
+            );
+        }
     }
     let all_dead = Instant::now() + CROWD_TTL + support::clock_slack(&backend);
-    let mut first = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
-    let mut second = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
+    let mut first = Waiter::enqueue(CHECK, &client, live.fair_lock(&name).or_fail(CHECK)).await;
+    let mut second = Waiter::enqueue(CHECK, &client, live.fair_lock(&name).or_fail(CHECK)).await;
     let queued = started.elapsed();
     assert!(
         queued < CROWD_TTL,
@@ -201,11 +220,14 @@ pub async fn mass_death_blocks_nobody(backend: Arc<dyn LockBackend>) {
     tokio::time::sleep_until(all_dead).await;
 
     held.unlock().await.or_fail(CHECK);
-    let newcomer = client.fair_lock(&name).or_fail(CHECK).try_lock().await;
-    assert!(
-        matches!(newcomer, Err(Error::WouldBlock { .. })),
-        "{CHECK}: a newcomer's try_lock with two live waiters behind the dead: expected WouldBlock, got {newcomer:?}"
-    );
+    match client.fair_lock(&name).or_fail(CHECK).try_lock().await {
+        Err(Error::WouldBlock { .. }) => {}
+        Ok(guard) => panic!(
+            "{CHECK}: a newcomer's try_lock got the lock (token {}) with two live waiters behind the dead",
+            guard.fencing_token()
+        ),
+        Err(error) => panic!("{CHECK}: a newcomer's try_lock: expected WouldBlock, got {error}"),
+    }
     first.acquired_within(support::EVENTUALLY).await;
     assert!(
         !second.has_acquired(),

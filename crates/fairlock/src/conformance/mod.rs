@@ -79,7 +79,7 @@
 //! | [`lease_lost_signal`] | `extend` postpones the lost-lease signal, which fires when the lease ends |
 //! | [`expired_hold_stays_ended`] | a hold whose lease ran out stays gone for its owner too: `extend` answers false, its attempt's `acquire` again is `Busy`, a new attempt is a new grant |
 //! | [`dead_waiters_are_evicted`] | a waiter that stops heart-beating blocks nobody, at the head or in the middle, also of a lock whose lease ran out |
-//! | [`mass_death_blocks_nobody`] | 150 waiters that died together in front of two live ones: the first live one gets the lock, never the second or a newcomer before it, and no dead one is listed |
+//! | [`mass_death_blocks_nobody`] | 1,000 waiters that died together in front of two live ones: the first live one gets the lock, never the second or a newcomer before it, and no dead one is listed |
 //! | [`force_release`] | force release frees the lock, hands it to the head waiter, reports whether it was held |
 //! | [`release_by_non_owner`] | release/extend with the wrong owner or token is refused and changes nothing; re-sent releases answer as the first did; an ended attempt's acquire changes nothing, also while its owner still holds |
 //! | [`abandoned_attempts_stay_ended`] | an abandoned attempt's `acquire` delivered again (also of one abandoned before it called) is `Busy` and changes nothing, while held and once free |
