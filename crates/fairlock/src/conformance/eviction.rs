@@ -170,7 +170,7 @@ const CROWD_TTL: Duration = Duration::from_secs(3);
 /// release, and the whole crowd stands in front then, however long it took to queue.
 const LIVE_TTL: Duration = Duration::from_secs(30);
 
-/// [`CROWD`] waiters queue once and die together (raw `acquire`s, like processes that crashed
+/// 1,000 waiters queue once and die together (raw `acquire`s, like processes that crashed
 /// at once), in front of two live waiters; then the holder releases. The first live waiter
 /// gets the lock, at once or after the waiters' calls of a backend that bounds each call's
 /// work have removed the dead (the contract's *crowd of dead entries*); the second, and a
