@@ -429,8 +429,8 @@ fn unusable(
                     "a force release of this handle may still free this hold; asking again later"
                 );
                 attempt.renew_awaiting_cleanup().await;
-                if waits {
-                    before(deadline, tokio::time::sleep(DOOMED_RECHECK)).await?;
+                if waits && !pause_before(DOOMED_RECHECK, deadline).await {
+                    return None;
                 }
                 Some(Ok(None))
             }

@@ -382,11 +382,16 @@ impl Mutant {
             .is_some_and(|lock| lock.values().filter(|dies| **dies <= now).count() >= 100)
     }
 
-    /// `attempt` ended: it no longer stands first (for the mutant whose first waiter blocks).
-    fn forget_first(&self, name: &LockName, attempt: AttemptId) {
+    /// `attempt` ended: it no longer stands first (for the mutant whose first waiter blocks),
+    /// nor is it a dead queue entry (for the mutant that goes wrong in a crowd of them; one
+    /// handed the lock by a wake-up may never ask again).
+    fn forget_ended(&self, name: &LockName, attempt: AttemptId) {
         let mut first = self.sent.first_queued.lock().unwrap();
         if first.get(name).is_some_and(|(a, _)| *a == attempt) {
             first.remove(name);
+        }
+        if let Some(lock) = self.sent.deadlines.lock().unwrap().get_mut(name) {
+            lock.remove(&attempt);
         }
     }
 
@@ -817,11 +822,7 @@ impl LockBackend for Mutant {
         attempt: AttemptId,
     ) -> Result<ReleaseOutcome> {
         let inner = self.inner_attempt(owner, attempt);
-        self.forget_first(name, attempt);
-        if let Some(lock) = self.sent.deadlines.lock().unwrap().get_mut(name) {
-            // Handed the lock by a wake-up and never asked again: not a dead entry.
-            lock.remove(&attempt);
-        }
+        self.forget_ended(name, attempt);
         if self.kind == Kind::SkipsHead
             || (self.kind == Kind::CrowdSkipsHead && self.crowd_of_dead(name))
         {
@@ -887,9 +888,6 @@ impl LockBackend for Mutant {
     }
 
     async fn abandon(&self, name: &LockName, owner: &Owner, attempt: AttemptId) -> Result<()> {
-        if let Some(lock) = self.sent.deadlines.lock().unwrap().get_mut(name) {
-            lock.remove(&attempt);
-        }
         if self.kind == Kind::AbandonIgnored {
             return Ok(());
         }
@@ -901,7 +899,7 @@ impl LockBackend for Mutant {
         }
         let inner = self.inner_attempt(owner, attempt);
         self.sent.abandoned.lock().unwrap().insert(attempt);
-        self.forget_first(name, attempt);
+        self.forget_ended(name, attempt);
         self.inner.abandon(name, owner, inner).await?;
         self.note_hand_over(name).await
     }

@@ -36,7 +36,7 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
         .or_fail(CHECK);
     let dead = Owner::unique();
     let dead_sent = Instant::now();
-    queue_dead(&backend, &name, &dead, CHECK).await;
+    queue_dead(&backend, &name, &dead, DEAD_TTL, CHECK).await;
     let mut live = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
     let state = client.state(&name).await.or_fail(CHECK);
     let owners = support::waiter_owners(&state);
@@ -75,7 +75,7 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
         .or_fail(CHECK);
     let mut first = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
     let dead = Owner::unique();
-    queue_dead(&backend, &name, &dead, CHECK).await;
+    queue_dead(&backend, &name, &dead, DEAD_TTL, CHECK).await;
     let mut last = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
     held.unlock().await.or_fail(CHECK);
     first.acquired_within(support::EVENTUALLY).await;
@@ -118,7 +118,7 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
         .or_fail(CHECK);
     let dead = Owner::unique();
     let dead_sent = Instant::now();
-    queue_dead(&backend, &name, &dead, CHECK).await;
+    queue_dead(&backend, &name, &dead, DEAD_TTL, CHECK).await;
     let mut live = Waiter::enqueue(CHECK, &client, client.fair_lock(&name).or_fail(CHECK)).await;
     let acquired = live
         .acquired_within(lease + DEAD_TTL + support::EVENTUALLY)
@@ -144,8 +144,15 @@ pub async fn dead_waiters_are_evicted(backend: Arc<dyn LockBackend>) {
     .await;
 }
 
-async fn queue_dead(backend: &Arc<dyn LockBackend>, name: &str, dead: &Owner, check: &str) {
-    let outcome = raw_acquire(backend, name, dead, DEAD_TTL, DEAD_TTL, true).await;
+/// Queues `dead` once with a liveness TTL (and lease) of `ttl`, never to call again.
+async fn queue_dead(
+    backend: &Arc<dyn LockBackend>,
+    name: &str,
+    dead: &Owner,
+    ttl: Duration,
+    check: &str,
+) {
+    let outcome = raw_acquire(backend, name, dead, ttl, ttl, true).await;
     assert!(
         matches!(outcome, AcquireOutcome::Queued { .. }),
         "{check}: a raw waiter on a held lock: expected Queued, got {outcome:?}"
@@ -198,16 +205,10 @@ pub async fn mass_death_blocks_nobody(backend: Arc<dyn LockBackend>) {
         let calls = (0..CROWD_AT_ONCE).map(|_| {
             let (backend, name) = (backend.clone(), name.clone());
             tokio::spawn(async move {
-                let dead = Owner::unique();
-                raw_acquire(&backend, &name, &dead, CROWD_TTL, CROWD_TTL, true).await
+                queue_dead(&backend, &name, &Owner::unique(), CROWD_TTL, CHECK).await;
             })
         });
-        for outcome in support::join_all(calls).await {
-            assert!(
-                matches!(outcome, AcquireOutcome::Queued { .. }),
-                "{CHECK}: a raw waiter on a held lock: expected Queued, got {outcome:?}"
-            );
-        }
+        support::join_all(calls).await;
     }
     let all_dead = Instant::now() + CROWD_TTL + support::clock_slack(&backend);
     let mut first = Waiter::enqueue(CHECK, &client, live.fair_lock(&name).or_fail(CHECK)).await;
